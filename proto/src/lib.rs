@@ -1,0 +1,76 @@
+//! Protobufs for the Mesh Configuration Protocol (Istio MCP) and the ServiceEntry it carries.
+//!
+//! * [`istio::mcp::v1alpha1`]: `Metadata`, `Resource`, the legacy MCP messages, and gRPC clients.
+//! * [`istio::networking::v1alpha3`]: `ServiceEntry`, `ServicePort`, `WorkloadEntry`, `WorkloadSelector`.
+//! * [`google::rpc::Status`]: the NACK detail of the legacy services.
+//! * [`wire`]: response messages that are byte-identical on the wire to the real ones but carry
+//!   pre-encoded resources as shared [`bytes::Bytes`], and [`server`]: the gRPC server halves
+//!   that send them.
+//!
+//! The envoy xDS request types come from the `envoy-types` crate, re-exported as [`envoy`].
+
+#![allow(missing_docs, clippy::all, clippy::unwrap_used)]
+
+/// Generated Istio packages.
+pub mod istio {
+    /// `istio.mcp.*`
+    pub mod mcp {
+        /// `istio.mcp.v1alpha1`
+        pub mod v1alpha1 {
+            tonic::include_proto!("istio.mcp.v1alpha1");
+        }
+    }
+    /// `istio.networking.*`
+    pub mod networking {
+        /// `istio.networking.v1alpha3`
+        pub mod v1alpha3 {
+            tonic::include_proto!("istio.networking.v1alpha3");
+        }
+    }
+}
+
+/// Generated google packages.
+pub mod google {
+    /// `google.rpc`
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+pub mod wire;
+
+/// Server halves of the streaming services, answering with [`wire`] messages.
+pub mod server {
+    /// `envoy.service.discovery.v3.AggregatedDiscoveryService` (SotW and delta).
+    pub mod ads {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/servers/envoy.service.discovery.v3.AggregatedDiscoveryService.rs"
+        ));
+    }
+    /// `istio.mcp.v1alpha1.ResourceSource` (Pilot 1.1-1.7).
+    pub mod resource_source {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/servers/istio.mcp.v1alpha1.ResourceSource.rs"
+        ));
+    }
+    /// `istio.mcp.v1alpha1.AggregatedMeshConfigService` (Pilot 1.0/1.1 legacy mode).
+    pub mod mesh_config {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/servers/istio.mcp.v1alpha1.AggregatedMeshConfigService.rs"
+        ));
+    }
+}
+
+/// Envoy xDS types (requests, and full responses for clients).
+pub use envoy_types::pb::envoy;
+
+/// Encoded `FileDescriptorSet` of the protos in this crate, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("mcp_descriptor");
+
+/// `Any.type_url` of an MCP resource inside an xDS response.
+pub const MCP_RESOURCE_TYPE_URL: &str = "type.googleapis.com/istio.mcp.v1alpha1.Resource";
+/// `Any.type_url` of a ServiceEntry body.
+pub const SERVICE_ENTRY_TYPE_URL: &str = "type.googleapis.com/istio.networking.v1alpha3.ServiceEntry";

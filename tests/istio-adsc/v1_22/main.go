@@ -1,0 +1,1 @@
+../current/main.go
