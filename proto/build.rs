@@ -23,13 +23,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let wkt = protoc_bin_vendored::include_path()?;
 
     tonic_prost_build::configure()
+        // Ordered maps: equal resources encode to equal bytes on every replica.
+        .btree_map(".")
         .build_server(false)
         .build_client(true)
         .file_descriptor_set_path(out_dir.join("mcp_descriptor.bin"))
-        .compile_protos(
-            &PROTOS.map(PathBuf::from),
-            &[PathBuf::from("proto"), wkt],
-        )?;
+        .compile_protos(&PROTOS.map(PathBuf::from), &[PathBuf::from("proto"), wkt])?;
 
     let bidi = |name: &str, route: &str, input: &str, output: &str| {
         Method::builder()

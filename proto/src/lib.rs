@@ -73,4 +73,5 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("mcp_
 /// `Any.type_url` of an MCP resource inside an xDS response.
 pub const MCP_RESOURCE_TYPE_URL: &str = "type.googleapis.com/istio.mcp.v1alpha1.Resource";
 /// `Any.type_url` of a ServiceEntry body.
-pub const SERVICE_ENTRY_TYPE_URL: &str = "type.googleapis.com/istio.networking.v1alpha3.ServiceEntry";
+pub const SERVICE_ENTRY_TYPE_URL: &str =
+    "type.googleapis.com/istio.networking.v1alpha3.ServiceEntry";

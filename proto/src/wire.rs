@@ -186,10 +186,9 @@ mod tests {
             nonce: "1".into(),
             ..Default::default()
         };
-        let real = crate::istio::mcp::v1alpha1::Resources::decode(
-            legacy.encode_to_vec().as_slice(),
-        )
-        .expect("decodes");
+        let real =
+            crate::istio::mcp::v1alpha1::Resources::decode(legacy.encode_to_vec().as_slice())
+                .expect("decodes");
         assert_eq!(real.resources, vec![res]);
         assert_eq!(real.collection, "c");
     }

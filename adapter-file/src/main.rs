@@ -1,0 +1,22 @@
+//! `adapter-file`: serves ServiceEntries from files over MCP.
+
+use adapter_file::{FileConfig, FileRegistry};
+use clap::Parser;
+
+/// Serves Istio ServiceEntries from Istio YAML/JSON files and compact inventories over MCP.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    common: mcp_core::CommonArgs,
+    #[command(flatten)]
+    file: FileConfig,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let registry = FileRegistry::new(args.file)?;
+    mcp_core::runtime::run(registry, args.common).await?;
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! Flags every adapter shares. Each has an environment variable so container images can be
+//! configured without rewriting the command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flags shared by every adapter binary (`#[command(flatten)]` it into the adapter's args).
+#[derive(Clone, Debug, clap::Args)]
+pub struct CommonArgs {
+    /// Address of the MCP gRPC server (MCP over xDS, legacy MCP, health, reflection).
+    #[arg(long, env = "MCP_LISTEN", default_value = "127.0.0.1:15051")]
+    pub listen: SocketAddr,
+
+    /// Address of the admin HTTP server (/healthz, /readyz, /metrics, /debug/resources).
+    #[arg(long, env = "MCP_ADMIN_LISTEN", default_value = "127.0.0.1:15052")]
+    pub admin_listen: SocketAddr,
+
+    /// Namespace of the generated ServiceEntries (default: the adapter's own, e.g. `consul`).
+    #[arg(long, env = "MCP_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Suffix appended to registry service names to form hosts (default: the adapter's own,
+    /// e.g. `service.consul`). An empty string appends nothing.
+    #[arg(long, env = "MCP_HOST_SUFFIX")]
+    pub host_suffix: Option<String>,
+
+    /// Namespaces the ServiceEntries are exported to (comma-separated; empty = Istio's default).
+    #[arg(long, env = "MCP_EXPORT_TO", value_delimiter = ',')]
+    pub export_to: Vec<String>,
+
+    /// Name of this source, put in the `mcp-adapter/source` label (default: the registry name).
+    #[arg(long, env = "MCP_SOURCE_NAME")]
+    pub source_name: Option<String>,
+
+    /// Longest time changes are collected before one push (`20ms`, `1s`; `0` pushes at once).
+    #[arg(long, env = "MCP_COALESCE", default_value = "20ms", value_parser = parse_duration)]
+    pub coalesce: Duration,
+
+    /// Log format.
+    #[arg(long, env = "MCP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// PEM certificate chain: turns on TLS for the gRPC port (istiod <= 1.25 cannot use it).
+    #[arg(long, env = "MCP_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for `--tls-cert`.
+    #[arg(long, env = "MCP_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle: sinks must present a client certificate signed by it.
+    #[arg(long, env = "MCP_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+/// Parses `0`, `250ms`, `2s`, `1m`, or a bare number of milliseconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (digits, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 20ms, 1s, 0"))?;
+    match unit {
+        "" | "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "us" => Ok(Duration::from_micros(n)),
+        _ => Err(format!(
+            "invalid duration {s:?}: unit must be us, ms, s or m"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("20ms"), Ok(Duration::from_millis(20)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("15"), Ok(Duration::from_millis(15)));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("3h").is_err());
+    }
+}

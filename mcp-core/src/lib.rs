@@ -1,0 +1,23 @@
+//! Registry-neutral core of the MCP adapters.
+//!
+//! Data path: a [`registry::Registry`] emits [`model::Service`] events -> [`index`] keeps what
+//! changed -> [`translate`] validates and builds ServiceEntries -> [`cache`] encodes each version
+//! once into shared bytes -> [`server`] streams them to every sink (MCP over xDS, delta xDS, legacy
+//! MCP). [`runtime::run`] wires it together with the admin HTTP server.
+
+pub mod admin;
+pub mod cache;
+pub mod cli;
+pub mod index;
+pub mod metrics;
+pub mod model;
+pub mod registry;
+pub mod runtime;
+pub mod server;
+pub mod status;
+pub mod telemetry;
+pub mod translate;
+
+pub use cli::CommonArgs;
+pub use model::{Endpoint, Host, Labels, Location, Port, Resolution, Service, ServiceKey};
+pub use registry::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent};

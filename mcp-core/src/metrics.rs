@@ -1,0 +1,165 @@
+//! Prometheus metrics, all named `mcp_adapter_*` and labelled with the `registry` type.
+
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+/// Every metric the adapter exports.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Responses sent, by protocol and type class.
+    pub pushes: IntCounterVec,
+    /// Encoded bytes of responses sent, by protocol.
+    pub push_bytes: IntCounterVec,
+    /// ACKs received, by protocol and type class.
+    pub acks: IntCounterVec,
+    /// NACKs received, by protocol and type class.
+    pub nacks: IntCounterVec,
+    /// Open sink streams, by protocol.
+    pub sinks: IntGaugeVec,
+    /// Resources served.
+    pub resources: IntGauge,
+    /// Services that failed validation.
+    pub quarantined: IntGauge,
+    /// Things dropped to make a resource valid, by kind.
+    pub translation_warnings: IntCounterVec,
+    /// Registry watch failures, by kind.
+    pub registry_errors: IntCounterVec,
+    /// 1 while the registry is reachable and in sync, else 0.
+    pub registry_healthy: IntGauge,
+    /// Seconds since the registry was last known in sync (0 while healthy).
+    pub sync_age: IntGauge,
+    /// Registry objects currently skipped as bad data.
+    pub registry_problems: IntGauge,
+    /// New snapshots published.
+    pub snapshots: IntCounterVec,
+}
+
+impl Metrics {
+    /// Creates the metrics with `registry=<name>` on every series.
+    pub fn new(registry_name: &str) -> Result<Self, prometheus::Error> {
+        let labels = [("registry".to_string(), registry_name.to_string())].into();
+        let registry = Registry::new_custom(None, Some(labels))?;
+        let counter =
+            |name: &str, help: &str, l: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+                let c = IntCounterVec::new(Opts::new(name, help), l)?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
+        let gauge = |name: &str, help: &str| -> Result<IntGauge, prometheus::Error> {
+            let g = IntGauge::new(name, help)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let sinks = IntGaugeVec::new(
+            Opts::new("mcp_adapter_connected_sinks", "Open sink streams."),
+            &["protocol"],
+        )?;
+        registry.register(Box::new(sinks.clone()))?;
+        Ok(Self {
+            pushes: counter(
+                "mcp_adapter_pushes_total",
+                "Responses sent to sinks.",
+                &["protocol", "type"],
+            )?,
+            push_bytes: counter(
+                "mcp_adapter_push_bytes_total",
+                "Encoded bytes of responses sent to sinks.",
+                &["protocol"],
+            )?,
+            acks: counter(
+                "mcp_adapter_acks_total",
+                "ACKs received from sinks.",
+                &["protocol", "type"],
+            )?,
+            nacks: counter(
+                "mcp_adapter_nacks_total",
+                "NACKs received from sinks.",
+                &["protocol", "type"],
+            )?,
+            sinks,
+            resources: gauge("mcp_adapter_resources", "ServiceEntries served.")?,
+            quarantined: gauge(
+                "mcp_adapter_quarantined_resources",
+                "Services that failed validation (see /debug/resources).",
+            )?,
+            translation_warnings: counter(
+                "mcp_adapter_translation_warnings_total",
+                "Labels, endpoints or endpoint ports dropped to keep a ServiceEntry valid.",
+                &["kind"],
+            )?,
+            registry_errors: counter(
+                "mcp_adapter_registry_errors_total",
+                "Registry watch failures.",
+                &["kind"],
+            )?,
+            registry_healthy: gauge(
+                "mcp_adapter_registry_healthy",
+                "1 while the registry is reachable and in sync.",
+            )?,
+            sync_age: gauge(
+                "mcp_adapter_last_good_sync_age_seconds",
+                "Seconds since the registry was last known in sync (0 while healthy).",
+            )?,
+            registry_problems: gauge(
+                "mcp_adapter_registry_problems",
+                "Registry objects skipped as bad data (see /debug/resources).",
+            )?,
+            snapshots: counter(
+                "mcp_adapter_snapshots_total",
+                "New served sets published.",
+                &["reason"],
+            )?,
+            registry,
+        })
+    }
+
+    /// Text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let encoder = prometheus::TextEncoder::new();
+        if let Err(e) = encoder.encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "Failed to render metrics.");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_renders_with_the_registry_label() {
+        let m = Metrics::new("consul").expect("metrics");
+        m.pushes.with_label_values(&["xds", "serviceentry"]).inc();
+        m.push_bytes.with_label_values(&["xds"]).inc();
+        m.acks.with_label_values(&["xds", "serviceentry"]).inc();
+        m.nacks.with_label_values(&["xds", "serviceentry"]).inc();
+        m.sinks.with_label_values(&["xds"]).inc();
+        m.translation_warnings.with_label_values(&["label"]).inc();
+        m.registry_errors.with_label_values(&["unavailable"]).inc();
+        m.snapshots.with_label_values(&["change"]).inc();
+        let text = m.render();
+        for name in [
+            "mcp_adapter_pushes_total",
+            "mcp_adapter_push_bytes_total",
+            "mcp_adapter_acks_total",
+            "mcp_adapter_nacks_total",
+            "mcp_adapter_connected_sinks",
+            "mcp_adapter_resources",
+            "mcp_adapter_quarantined_resources",
+            "mcp_adapter_translation_warnings_total",
+            "mcp_adapter_registry_errors_total",
+            "mcp_adapter_registry_healthy",
+            "mcp_adapter_last_good_sync_age_seconds",
+            "mcp_adapter_registry_problems",
+            "mcp_adapter_snapshots_total",
+        ] {
+            assert!(
+                text.contains(&format!("{name}{{")),
+                "{name} missing:\n{text}"
+            );
+        }
+        assert!(text.contains("registry=\"consul\""));
+    }
+}

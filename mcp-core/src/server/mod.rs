@@ -1,0 +1,290 @@
+//! The gRPC side: every MCP flavour on one port, plus health and reflection.
+//!
+//! Each stream runs [`drive`] on its own task: requests and snapshot changes go into the
+//! stream's [`engine::Engine`], responses come out through a small channel. Resource bytes are
+//! shared with the cache; nothing is re-encoded per sink.
+
+pub mod engine;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::cache::Snapshot;
+use crate::metrics::Metrics;
+use engine::{Ack, Engine};
+use wire::{Delta, Legacy, MeshIncremental, MeshSotw, Wire, Xds};
+
+use proto::server::ads::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use proto::server::mesh_config::aggregated_mesh_config_service_server::{
+    AggregatedMeshConfigService, AggregatedMeshConfigServiceServer,
+};
+use proto::server::resource_source::resource_source_server::{
+    ResourceSource, ResourceSourceServer,
+};
+
+/// Largest request accepted (requests are small; this only bounds abuse).
+const MAX_REQUEST: usize = 16 << 20;
+
+/// What every stream needs.
+#[derive(Clone, Debug)]
+pub struct StreamContext {
+    /// The served set; `None` until the first registry sync.
+    pub snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Cancelled on shutdown: every stream ends cleanly.
+    pub shutdown: CancellationToken,
+}
+
+/// Errors starting the gRPC server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// TLS files could not be read or used.
+    #[error("TLS setup: {0}")]
+    Tls(String),
+    /// The transport failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Reflection could not be built.
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// PEM material for TLS on the gRPC port.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    /// Certificate chain.
+    pub cert: std::path::PathBuf,
+    /// Private key.
+    pub key: std::path::PathBuf,
+    /// CA that client certificates must chain to (then required).
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+fn tls_config(files: &TlsFiles) -> Result<tonic::transport::ServerTlsConfig, ServerError> {
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| ServerError::Tls(format!("reading {}: {e}", p.display())))
+    };
+    let identity = tonic::transport::Identity::from_pem(read(&files.cert)?, read(&files.key)?);
+    let mut cfg = tonic::transport::ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &files.client_ca {
+        cfg = cfg.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
+    }
+    Ok(cfg)
+}
+
+/// Serves every protocol on `listener` until `ctx.shutdown` is cancelled.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ctx: StreamContext,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    tls: Option<TlsFiles>,
+) -> Result<(), ServerError> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let svc = Services { ctx: ctx.clone() };
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+    if let Some(files) = &tls {
+        builder = builder.tls_config(tls_config(files)?)?;
+    }
+    let shutdown = ctx.shutdown.clone();
+    builder
+        .add_service(
+            AggregatedDiscoveryServiceServer::new(svc.clone())
+                .max_decoding_message_size(MAX_REQUEST)
+                .max_encoding_message_size(usize::MAX),
+        )
+        .add_service(
+            ResourceSourceServer::new(svc.clone())
+                .max_decoding_message_size(MAX_REQUEST)
+                .max_encoding_message_size(usize::MAX),
+        )
+        .add_service(
+            AggregatedMeshConfigServiceServer::new(svc)
+                .max_decoding_message_size(MAX_REQUEST)
+                .max_encoding_message_size(usize::MAX),
+        )
+        .add_service(health)
+        .add_service(reflection)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .await?;
+    Ok(())
+}
+
+#[derive(Clone, Debug)]
+struct Services {
+    ctx: StreamContext,
+}
+
+type Out<W> = ReceiverStream<Result<<W as Wire>::Resp, Status>>;
+
+fn start<W: Wire>(ctx: &StreamContext, req: Request<Streaming<W::Req>>) -> Response<Out<W>> {
+    let peer = req
+        .remote_addr()
+        .map_or_else(|| "unknown".to_string(), |a: SocketAddr| a.to_string());
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(drive::<W>(req.into_inner(), tx, ctx.clone(), peer));
+    Response::new(ReceiverStream::new(rx))
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Services {
+    type StreamAggregatedResourcesStream = Out<Xds>;
+    type DeltaAggregatedResourcesStream = Out<Delta>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        req: Request<Streaming<<Xds as Wire>::Req>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Ok(start::<Xds>(&self.ctx, req))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        req: Request<Streaming<<Delta as Wire>::Req>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Ok(start::<Delta>(&self.ctx, req))
+    }
+}
+
+#[tonic::async_trait]
+impl ResourceSource for Services {
+    type EstablishResourceStreamStream = Out<Legacy>;
+
+    async fn establish_resource_stream(
+        &self,
+        req: Request<Streaming<<Legacy as Wire>::Req>>,
+    ) -> Result<Response<Self::EstablishResourceStreamStream>, Status> {
+        Ok(start::<Legacy>(&self.ctx, req))
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedMeshConfigService for Services {
+    type StreamAggregatedResourcesStream = Out<MeshSotw>;
+    type IncrementalAggregatedResourcesStream = Out<MeshIncremental>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        req: Request<Streaming<<MeshSotw as Wire>::Req>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Ok(start::<MeshSotw>(&self.ctx, req))
+    }
+
+    async fn incremental_aggregated_resources(
+        &self,
+        req: Request<Streaming<<MeshIncremental as Wire>::Req>>,
+    ) -> Result<Response<Self::IncrementalAggregatedResourcesStream>, Status> {
+        Ok(start::<MeshIncremental>(&self.ctx, req))
+    }
+}
+
+struct SinkGauge(prometheus::IntGauge);
+
+impl Drop for SinkGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+fn type_class(served: bool) -> &'static str {
+    if served {
+        "serviceentry"
+    } else {
+        "other"
+    }
+}
+
+/// Runs one stream until the sink leaves, the stream breaks, or shutdown.
+async fn drive<W: Wire>(
+    mut requests: Streaming<W::Req>,
+    tx: mpsc::Sender<Result<W::Resp, Status>>,
+    ctx: StreamContext,
+    peer: String,
+) {
+    let metrics = ctx.metrics;
+    let gauge = metrics.sinks.with_label_values(&[W::PROTOCOL]);
+    gauge.inc();
+    let _gauge = SinkGauge(gauge);
+    let mut snapshots = ctx.snapshots;
+    let mut engine = Engine::new(W::INCREMENTAL, W::served);
+    let mut node: Option<String> = None;
+    tracing::info!(protocol = W::PROTOCOL, %peer, "Sink connected.");
+    loop {
+        let outgoing = tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            msg = requests.message() => match msg {
+                Ok(Some(msg)) => {
+                    if node.is_none() {
+                        if let Some(id) = W::node(&msg) {
+                            tracing::info!(protocol = W::PROTOCOL, %peer, node = %id, "Sink identified.");
+                            node = Some(id);
+                        }
+                    }
+                    let req = W::request(msg);
+                    let type_key = req.type_key.clone();
+                    let served = W::served(&type_key);
+                    let snapshot = snapshots.borrow_and_update().clone();
+                    let (ack, out) = engine.on_request(req, snapshot.as_ref());
+                    match &ack {
+                        Ack::Ack => metrics.acks.with_label_values(&[W::PROTOCOL, type_class(served)]).inc(),
+                        Ack::Nack(reason) => {
+                            metrics.nacks.with_label_values(&[W::PROTOCOL, type_class(served)]).inc();
+                            tracing::warn!(protocol = W::PROTOCOL, %peer, type_url = %type_key, %reason, "Sink rejected a response.");
+                        }
+                        Ack::Subscribe => tracing::debug!(protocol = W::PROTOCOL, %peer, type_url = %type_key, "Subscribed."),
+                        Ack::Stale => tracing::debug!(protocol = W::PROTOCOL, %peer, type_url = %type_key, "Ignored a stale nonce."),
+                    }
+                    out.into_iter().collect::<Vec<_>>()
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    tracing::debug!(protocol = W::PROTOCOL, %peer, %status, "Sink stream broke.");
+                    break;
+                }
+            },
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                match snapshots.borrow_and_update().clone() {
+                    Some(s) => engine.on_snapshot(&s),
+                    None => Vec::new(),
+                }
+            }
+        };
+        for out in outgoing {
+            let served = out.served;
+            let resp = W::response(out);
+            metrics
+                .pushes
+                .with_label_values(&[W::PROTOCOL, type_class(served)])
+                .inc();
+            metrics
+                .push_bytes
+                .with_label_values(&[W::PROTOCOL])
+                .inc_by(resp.encoded_len() as u64);
+            if tx.send(Ok(resp)).await.is_err() {
+                tracing::info!(protocol = W::PROTOCOL, %peer, "Sink disconnected.");
+                return;
+            }
+        }
+    }
+    tracing::info!(protocol = W::PROTOCOL, %peer, "Sink disconnected.");
+}

@@ -1,0 +1,253 @@
+//! Protocol-specific halves: request decoding and response encoding for each RPC. The rules live
+//! in [`super::engine`].
+
+use std::collections::BTreeMap;
+
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use proto::istio::mcp::v1alpha1::{
+    IncrementalMeshConfigRequest, MeshConfigRequest, RequestResources,
+};
+use proto::wire::{
+    DeltaDiscoveryResponse, DeltaResource, DiscoveryResponse, IncrementalMeshConfigResponse,
+    MeshConfigResponse, Resources, SharedAny,
+};
+
+use super::engine::{Incremental, Names, Outgoing, Request};
+
+/// Type URLs under which istiod asks for ServiceEntries over xDS (<= 1.23 v1alpha3, 1.24+ v1).
+pub const SERVICE_ENTRY_TYPE_URLS: [&str; 3] = [
+    "networking.istio.io/v1alpha3/ServiceEntry",
+    "networking.istio.io/v1beta1/ServiceEntry",
+    "networking.istio.io/v1/ServiceEntry",
+];
+
+/// Legacy MCP collection of ServiceEntries (Pilot 1.1-1.7).
+pub const SERVICE_ENTRY_COLLECTION: &str = "istio/networking/v1alpha3/serviceentries";
+
+fn xds_served(t: &str) -> bool {
+    SERVICE_ENTRY_TYPE_URLS.contains(&t)
+}
+
+fn legacy_served(t: &str) -> bool {
+    t == SERVICE_ENTRY_COLLECTION || xds_served(t)
+}
+
+fn nack(status: Option<&proto::google::rpc::Status>) -> Option<String> {
+    status.map(|s| format!("code {}: {}", s.code, s.message))
+}
+
+fn envoy_nack(status: Option<&envoy_types::pb::google::rpc::Status>) -> Option<String> {
+    status.map(|s| format!("code {}: {}", s.code, s.message))
+}
+
+/// One RPC's message shapes.
+pub trait Wire: Send + 'static {
+    /// Request message.
+    type Req: Send + 'static;
+    /// Response message.
+    type Resp: prost::Message + Send + 'static;
+    /// Metric / log label.
+    const PROTOCOL: &'static str;
+    /// When responses are incremental.
+    const INCREMENTAL: Incremental;
+    /// Which type keys carry ServiceEntries.
+    fn served(type_key: &str) -> bool;
+    /// Decodes a request.
+    fn request(req: Self::Req) -> Request;
+    /// Node id of the sink, if the request names one.
+    fn node(req: &Self::Req) -> Option<String>;
+    /// Encodes a response.
+    fn response(out: Outgoing) -> Self::Resp;
+}
+
+fn shared(e: &crate::cache::Entry) -> SharedAny {
+    SharedAny {
+        type_url: proto::MCP_RESOURCE_TYPE_URL,
+        value: e.resource.clone(),
+    }
+}
+
+/// `envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources` (istiod 1.8+).
+pub struct Xds;
+
+impl Wire for Xds {
+    type Req = DiscoveryRequest;
+    type Resp = DiscoveryResponse;
+    const PROTOCOL: &'static str = "xds";
+    const INCREMENTAL: Incremental = Incremental::Never;
+    fn served(t: &str) -> bool {
+        xds_served(t)
+    }
+    fn request(r: DiscoveryRequest) -> Request {
+        Request {
+            error: envoy_nack(r.error_detail.as_ref()),
+            type_key: r.type_url,
+            nonce: r.response_nonce,
+            incremental: false,
+            initial_versions: BTreeMap::new(),
+            names: Names::Replace(r.resource_names),
+        }
+    }
+    fn node(r: &DiscoveryRequest) -> Option<String> {
+        r.node.as_ref().map(|n| n.id.clone())
+    }
+    fn response(o: Outgoing) -> DiscoveryResponse {
+        DiscoveryResponse {
+            version_info: o.version,
+            resources: o.resources.iter().map(|e| shared(e)).collect(),
+            type_url: o.type_key,
+            nonce: o.nonce,
+        }
+    }
+}
+
+/// `envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources`.
+pub struct Delta;
+
+impl Wire for Delta {
+    type Req = DeltaDiscoveryRequest;
+    type Resp = DeltaDiscoveryResponse;
+    const PROTOCOL: &'static str = "delta";
+    const INCREMENTAL: Incremental = Incremental::Always;
+    fn served(t: &str) -> bool {
+        xds_served(t)
+    }
+    fn request(r: DeltaDiscoveryRequest) -> Request {
+        Request {
+            error: envoy_nack(r.error_detail.as_ref()),
+            type_key: r.type_url,
+            nonce: r.response_nonce,
+            incremental: true,
+            initial_versions: r.initial_resource_versions.into_iter().collect(),
+            names: Names::Delta {
+                subscribe: r.resource_names_subscribe,
+                unsubscribe: r.resource_names_unsubscribe,
+            },
+        }
+    }
+    fn node(r: &DeltaDiscoveryRequest) -> Option<String> {
+        r.node.as_ref().map(|n| n.id.clone())
+    }
+    fn response(o: Outgoing) -> DeltaDiscoveryResponse {
+        DeltaDiscoveryResponse {
+            system_version_info: o.version,
+            resources: o
+                .resources
+                .iter()
+                .map(|e| DeltaResource {
+                    version: e.version.to_string(),
+                    resource: Some(shared(e)),
+                    name: e.name.to_string(),
+                })
+                .collect(),
+            type_url: o.type_key,
+            nonce: o.nonce,
+            removed_resources: o.removed,
+        }
+    }
+}
+
+/// `istio.mcp.v1alpha1.ResourceSource/EstablishResourceStream` (Pilot 1.1-1.7).
+pub struct Legacy;
+
+impl Wire for Legacy {
+    type Req = RequestResources;
+    type Resp = Resources;
+    const PROTOCOL: &'static str = "mcp";
+    const INCREMENTAL: Incremental = Incremental::IfRequested;
+    fn served(t: &str) -> bool {
+        t == SERVICE_ENTRY_COLLECTION
+    }
+    fn request(r: RequestResources) -> Request {
+        Request {
+            error: nack(r.error_detail.as_ref()),
+            type_key: r.collection,
+            nonce: r.response_nonce,
+            incremental: r.incremental,
+            initial_versions: r.initial_resource_versions,
+            names: Names::Unchanged,
+        }
+    }
+    fn node(r: &RequestResources) -> Option<String> {
+        r.sink_node.as_ref().map(|n| n.id.clone())
+    }
+    fn response(o: Outgoing) -> Resources {
+        Resources {
+            system_version_info: o.version,
+            collection: o.type_key,
+            resources: o.resources.iter().map(|e| e.resource.clone()).collect(),
+            removed_resources: o.removed,
+            nonce: o.nonce,
+            incremental: o.incremental,
+        }
+    }
+}
+
+/// `istio.mcp.v1alpha1.AggregatedMeshConfigService/StreamAggregatedResources` (Pilot 1.1 legacy
+/// mode: the collection travels in `type_url`).
+pub struct MeshSotw;
+
+impl Wire for MeshSotw {
+    type Req = MeshConfigRequest;
+    type Resp = MeshConfigResponse;
+    const PROTOCOL: &'static str = "mcp-aggregated";
+    const INCREMENTAL: Incremental = Incremental::Never;
+    fn served(t: &str) -> bool {
+        legacy_served(t)
+    }
+    fn request(r: MeshConfigRequest) -> Request {
+        Request {
+            error: nack(r.error_detail.as_ref()),
+            type_key: r.type_url,
+            nonce: r.response_nonce,
+            incremental: false,
+            initial_versions: BTreeMap::new(),
+            names: Names::Unchanged,
+        }
+    }
+    fn node(r: &MeshConfigRequest) -> Option<String> {
+        r.sink_node.as_ref().map(|n| n.id.clone())
+    }
+    fn response(o: Outgoing) -> MeshConfigResponse {
+        MeshConfigResponse {
+            version_info: o.version,
+            resources: o.resources.iter().map(|e| e.resource.clone()).collect(),
+            type_url: o.type_key,
+            nonce: o.nonce,
+        }
+    }
+}
+
+/// `istio.mcp.v1alpha1.AggregatedMeshConfigService/IncrementalAggregatedResources`.
+pub struct MeshIncremental;
+
+impl Wire for MeshIncremental {
+    type Req = IncrementalMeshConfigRequest;
+    type Resp = IncrementalMeshConfigResponse;
+    const PROTOCOL: &'static str = "mcp-aggregated-incremental";
+    const INCREMENTAL: Incremental = Incremental::Always;
+    fn served(t: &str) -> bool {
+        legacy_served(t)
+    }
+    fn request(r: IncrementalMeshConfigRequest) -> Request {
+        Request {
+            error: nack(r.error_detail.as_ref()),
+            type_key: r.type_url,
+            nonce: r.response_nonce,
+            incremental: true,
+            initial_versions: r.initial_resource_versions,
+            names: Names::Unchanged,
+        }
+    }
+    fn node(r: &IncrementalMeshConfigRequest) -> Option<String> {
+        r.sink_node.as_ref().map(|n| n.id.clone())
+    }
+    fn response(o: Outgoing) -> IncrementalMeshConfigResponse {
+        IncrementalMeshConfigResponse {
+            system_version_info: o.version,
+            resources: o.resources.iter().map(|e| e.resource.clone()).collect(),
+            removed_resources: o.removed,
+            nonce: o.nonce,
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! What the admin endpoints report: sync and registry health, quarantine, skipped objects.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use crate::index::{Problems, Quarantined};
+
+/// Health of the source as the writer task last saw it.
+#[derive(Clone, Debug, Default)]
+pub struct Status {
+    /// The first full sync from the registry is done.
+    pub synced: bool,
+    /// The registry is reachable and in sync.
+    pub healthy: bool,
+    /// The last registry error, while unhealthy.
+    pub last_error: Option<String>,
+    /// When the registry was last known in sync (set when it became unhealthy).
+    pub last_good: Option<SystemTime>,
+    /// Services not served as described.
+    pub quarantine: Vec<Quarantined>,
+    /// Registry objects skipped as bad data.
+    pub problems: Problems,
+}
+
+impl Status {
+    /// Seconds the served state may be behind the registry (0 while healthy).
+    pub fn staleness_secs(&self) -> u64 {
+        if self.healthy {
+            return 0;
+        }
+        self.last_good
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .map_or(0, |d| d.as_secs())
+    }
+
+    /// Ready = synced once and the registry is healthy now.
+    pub fn ready(&self) -> bool {
+        self.synced && self.healthy
+    }
+}
+
+/// Shared [`Status`]; the lock is never held across an await.
+#[derive(Clone, Debug, Default)]
+pub struct SharedStatus(Arc<Mutex<Status>>);
+
+impl SharedStatus {
+    /// Locks it (a poisoned lock still holds a consistent status: every update is one assignment).
+    pub fn lock(&self) -> MutexGuard<'_, Status> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

@@ -1,0 +1,99 @@
+//! The only place that builds and validates ServiceEntries.
+//!
+//! A [`Service`] either becomes a [`Translated`] resource (possibly with [`Translated::warnings`] for
+//! labels, endpoints or endpoint ports that were dropped) or is rejected with the
+//! [`Invalid`] reasons, each naming the field. A rejected service is quarantined by the runtime;
+//! it never stops the others.
+
+pub mod naming;
+mod service_entry;
+
+use std::time::SystemTime;
+
+use proto::istio::networking::v1alpha3::ServiceEntry;
+
+use crate::model::{Labels, Service};
+
+pub use service_entry::translate;
+
+/// Label naming the registry type of every generated resource.
+pub const LABEL_REGISTRY: &str = "mcp-adapter/registry";
+/// Label naming the source (adapter instance) of every generated resource.
+pub const LABEL_SOURCE: &str = "mcp-adapter/source";
+
+/// Settings that shape every ServiceEntry of one adapter.
+#[derive(Clone, Debug)]
+pub struct TranslateConfig {
+    /// Namespace for keys without one.
+    pub namespace: String,
+    /// Appended to relative hosts (empty = nothing).
+    pub host_suffix: String,
+    /// exportTo for services that set none.
+    pub export_to: Vec<String>,
+    /// Registry type (`consul`).
+    pub registry: String,
+    /// Source name (defaults to the registry type).
+    pub source: String,
+}
+
+/// A validated ServiceEntry with its MCP metadata, ready to encode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Translated {
+    /// `namespace/name`.
+    pub name: String,
+    /// Creation time (the registry's, else the fixed [`FIXED_CREATE_TIME`]).
+    pub create_time: SystemTime,
+    /// Resource labels, including registry and source.
+    pub labels: Labels,
+    /// Resource annotations.
+    pub annotations: Labels,
+    /// The ServiceEntry body.
+    pub spec: ServiceEntry,
+    /// What was dropped to make it valid, one line each.
+    pub warnings: Vec<(WarningKind, String)>,
+}
+
+/// What a translation warning dropped (the `kind` label of the warnings metric).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WarningKind {
+    /// An invalid label key or value.
+    Label,
+    /// An endpoint whose address does not fit the resolution.
+    Endpoint,
+    /// An endpoint port mapping naming no service port or out of range.
+    EndpointPort,
+}
+
+impl WarningKind {
+    /// Metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Label => "label",
+            Self::Endpoint => "endpoint",
+            Self::EndpointPort => "endpoint_port",
+        }
+    }
+}
+
+/// Creation time of resources whose registry has none: fixed, so every replica and restart agrees
+/// (istiod orders conflicting hosts by creation time, then name).
+pub const FIXED_CREATE_TIME: SystemTime = SystemTime::UNIX_EPOCH;
+
+/// Why a service cannot be served.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{origin}: {}", .errors.join("; "))]
+pub struct Invalid {
+    /// Where the service came from.
+    pub origin: String,
+    /// One `field: problem` per error.
+    pub errors: Vec<String>,
+}
+
+impl Invalid {
+    pub(crate) fn new(service: &Service, errors: Vec<String>) -> Self {
+        Self {
+            origin: service.origin.clone(),
+            errors,
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! Service -> ServiceEntry, with Istio's validation rules applied on our side (istiod drops an
+//! invalid ServiceEntry silently, so the source must not send one).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use proto::istio::networking::v1alpha3::{
+    service_entry, ServiceEntry, ServicePort, WorkloadEntry, WorkloadSelector,
+};
+
+use super::naming::{
+    canonical_protocol, check_host, check_label_key, check_label_value, distinguishes_hosts,
+    is_dns_label, map_dns_label, map_dns_name, map_resource_name,
+};
+use super::{
+    Invalid, TranslateConfig, Translated, WarningKind, FIXED_CREATE_TIME, LABEL_REGISTRY,
+    LABEL_SOURCE,
+};
+use crate::model::{Endpoint, Host, Labels, Location, Resolution, Service};
+
+/// Builds the ServiceEntry for `service`, or says every reason it cannot be served.
+pub fn translate(service: &Service, cfg: &TranslateConfig) -> Result<Translated, Invalid> {
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+
+    let namespace = service
+        .key
+        .namespace
+        .clone()
+        .unwrap_or_else(|| cfg.namespace.clone());
+    if !is_dns_label(&namespace) {
+        errors.push(format!(
+            "metadata.namespace: {namespace:?} is not a valid namespace (DNS label)"
+        ));
+    }
+    let short = map_resource_name(&service.key.name);
+    if short.is_empty() {
+        errors.push(format!(
+            "metadata.name: {:?} maps to an empty name",
+            service.key.name
+        ));
+    }
+
+    let hosts = hosts(service, cfg, &mut errors);
+    let ports = ports(service, &mut errors);
+    let addresses = addresses(service, &mut errors);
+    let export_to = export_to(service, cfg, &mut errors);
+
+    if service.workload_selector.is_some() && !service.endpoints.is_empty() {
+        errors.push("spec: workloadSelector and endpoints are mutually exclusive".into());
+    }
+    let endpoints = endpoints(service, &ports, &mut errors, &mut warnings);
+    if service.resolution != Resolution::None
+        && hosts.len() > 1
+        && ports
+            .iter()
+            .any(|p| !distinguishes_hosts(canonical_protocol(&p.protocol)))
+    {
+        errors.push(
+            "spec.hosts: several hosts need HTTP or TLS ports (Istio cannot tell them apart on other protocols) or resolution NONE"
+                .into(),
+        );
+    }
+    if matches!(
+        service.resolution,
+        Resolution::Dns | Resolution::DnsRoundRobin
+    ) && endpoints.is_empty()
+        && service.workload_selector.is_none()
+        && hosts.iter().any(|h| h.starts_with("*."))
+    {
+        errors.push(
+            "spec.hosts: DNS resolution without endpoints needs hosts without wildcards".into(),
+        );
+    }
+
+    let workload_selector = service
+        .workload_selector
+        .as_ref()
+        .map(|sel| WorkloadSelector {
+            labels: clean_labels(sel, "spec.workloadSelector.labels", &mut warnings),
+        });
+
+    let mut labels = clean_labels(&service.labels, "metadata.labels", &mut warnings);
+    labels.insert(LABEL_REGISTRY.into(), label_safe(&cfg.registry));
+    labels.insert(LABEL_SOURCE.into(), label_safe(&cfg.source));
+
+    if !errors.is_empty() {
+        return Err(Invalid::new(service, errors));
+    }
+    let spec = ServiceEntry {
+        hosts,
+        addresses,
+        ports,
+        location: match service.location {
+            Location::External => service_entry::Location::MeshExternal,
+            Location::Internal => service_entry::Location::MeshInternal,
+        } as i32,
+        resolution: match service.resolution {
+            Resolution::None => service_entry::Resolution::None,
+            Resolution::Static => service_entry::Resolution::Static,
+            Resolution::Dns => service_entry::Resolution::Dns,
+            Resolution::DnsRoundRobin => service_entry::Resolution::DnsRoundRobin,
+        } as i32,
+        endpoints,
+        export_to,
+        subject_alt_names: service.subject_alt_names.clone(),
+        workload_selector,
+    };
+    Ok(Translated {
+        name: format!("{namespace}/{short}"),
+        create_time: service.create_time.unwrap_or(FIXED_CREATE_TIME),
+        labels,
+        annotations: service.annotations.clone(),
+        spec,
+        warnings,
+    })
+}
+
+fn hosts(service: &Service, cfg: &TranslateConfig, errors: &mut Vec<String>) -> Vec<String> {
+    let mut out = Vec::with_capacity(service.hosts.len());
+    if service.hosts.is_empty() {
+        errors.push("spec.hosts: at least one host is required".into());
+    }
+    for (i, host) in service.hosts.iter().enumerate() {
+        let h = match host {
+            Host::Absolute(h) => match check_host(h) {
+                Ok(h) => h,
+                Err(e) => {
+                    errors.push(format!("spec.hosts[{i}]: {e}"));
+                    continue;
+                }
+            },
+            Host::Relative(name) => {
+                let base = map_dns_name(name);
+                let suffix = cfg.host_suffix.trim_matches('.');
+                let full = match (base.is_empty(), suffix.is_empty()) {
+                    (true, _) => String::new(),
+                    (false, true) => base,
+                    (false, false) => format!("{base}.{suffix}"),
+                };
+                match check_host(&full) {
+                    Ok(h) => h,
+                    Err(_) => {
+                        errors.push(format!(
+                            "spec.hosts[{i}]: registry name {name:?} does not map to a valid DNS name (got {full:?})"
+                        ));
+                        continue;
+                    }
+                }
+            }
+        };
+        if !out.contains(&h) {
+            out.push(h);
+        }
+    }
+    out
+}
+
+fn ports(service: &Service, errors: &mut Vec<String>) -> Vec<ServicePort> {
+    let mut names = BTreeSet::new();
+    let mut numbers = BTreeSet::new();
+    let mut out = Vec::with_capacity(service.ports.len());
+    for (i, p) in service.ports.iter().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        if p.number == 0 || p.number > 65535 {
+            errors.push(format!("{field}.number: {} is not in 1-65535", p.number));
+        } else if !numbers.insert(p.number) {
+            errors.push(format!("{field}.number: {} is used twice", p.number));
+        }
+        if !is_dns_label(&p.name) {
+            errors.push(format!(
+                "{field}.name: {:?} is not a DNS label (lower-case letters, digits, '-')",
+                p.name
+            ));
+        } else if !names.insert(p.name.clone()) {
+            errors.push(format!("{field}.name: {:?} is used twice", p.name));
+        }
+        let protocol = match p.protocol.as_deref() {
+            None | Some("") => String::new(),
+            Some(proto) => match canonical_protocol(proto) {
+                Some(c) => c.to_string(),
+                None => {
+                    errors.push(format!(
+                        "{field}.protocol: {proto:?} is not an Istio protocol (HTTP, HTTP2, HTTPS, GRPC, GRPC-Web, TCP, TLS, UDP, Mongo, Redis, MySQL, HTTP_PROXY)"
+                    ));
+                    String::new()
+                }
+            },
+        };
+        if let Some(t) = p.target_port {
+            if t == 0 || t > 65535 {
+                errors.push(format!("{field}.targetPort: {t} is not in 1-65535"));
+            }
+        }
+        out.push(ServicePort {
+            number: p.number,
+            protocol,
+            name: p.name.clone(),
+            target_port: p.target_port.unwrap_or(0),
+        });
+    }
+    out
+}
+
+fn addresses(service: &Service, errors: &mut Vec<String>) -> Vec<String> {
+    for (i, a) in service.addresses.iter().enumerate() {
+        let (ip, prefix) = match a.split_once('/') {
+            Some((ip, p)) => (ip, Some(p)),
+            None => (a.as_str(), None),
+        };
+        let ok = match (ip.parse::<IpAddr>(), prefix) {
+            (Ok(_), None) => true,
+            (Ok(addr), Some(p)) => {
+                let max = if addr.is_ipv4() { 32 } else { 128 };
+                p.parse::<u8>().is_ok_and(|p| p <= max)
+                    && matches!(service.resolution, Resolution::None | Resolution::Static)
+            }
+            (Err(_), _) => false,
+        };
+        if !ok {
+            errors.push(format!(
+                "spec.addresses[{i}]: {a:?} is not an IP address (or a CIDR with resolution NONE/STATIC)"
+            ));
+        }
+    }
+    service.addresses.clone()
+}
+
+fn export_to(service: &Service, cfg: &TranslateConfig, errors: &mut Vec<String>) -> Vec<String> {
+    let list = if service.export_to.is_empty() {
+        &cfg.export_to
+    } else {
+        &service.export_to
+    };
+    for (i, e) in list.iter().enumerate() {
+        if !(e == "*" || e == "." || e == "~" || is_dns_label(e)) {
+            errors.push(format!(
+                "spec.exportTo[{i}]: {e:?} is not '*', '.', '~' or a namespace"
+            ));
+        }
+    }
+    if list.len() > 1 && list.iter().any(|e| e == "*") {
+        errors.push("spec.exportTo: '*' cannot be combined with other entries".into());
+    }
+    list.clone()
+}
+
+fn endpoints(
+    service: &Service,
+    ports: &[ServicePort],
+    errors: &mut Vec<String>,
+    warnings: &mut Vec<(WarningKind, String)>,
+) -> Vec<WorkloadEntry> {
+    if service.resolution == Resolution::None {
+        if !service.endpoints.is_empty() {
+            errors.push("spec.endpoints: resolution NONE cannot have endpoints".into());
+        }
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(service.endpoints.len());
+    for (i, ep) in service.endpoints.iter().enumerate() {
+        let field = format!("spec.endpoints[{i}]");
+        if let Err(e) = check_endpoint_address(ep, service.resolution) {
+            warnings.push((
+                WarningKind::Endpoint,
+                format!("{field}.address: {e}; endpoint dropped"),
+            ));
+            continue;
+        }
+        let mut ep_ports = BTreeMap::new();
+        for (name, &number) in &ep.ports {
+            if !ports.iter().any(|p| &p.name == name) {
+                warnings.push((
+                    WarningKind::EndpointPort,
+                    format!(
+                        "{field}.ports: port name {name:?} is not a service port; mapping dropped"
+                    ),
+                ));
+            } else if number == 0 || number > 65535 {
+                warnings.push((
+                    WarningKind::EndpointPort,
+                    format!("{field}.ports.{name}: {number} is not in 1-65535; mapping dropped"),
+                ));
+            } else {
+                ep_ports.insert(name.clone(), number);
+            }
+        }
+        out.push(WorkloadEntry {
+            address: ep.address.clone(),
+            ports: ep_ports,
+            labels: clean_labels(&ep.labels, &format!("{field}.labels"), warnings),
+            network: ep.network.clone().unwrap_or_default(),
+            locality: ep.locality.clone().unwrap_or_default(),
+            weight: ep.weight.unwrap_or(0),
+            service_account: ep.service_account.clone().unwrap_or_default(),
+        });
+    }
+    // Registries list instances in no particular order; sorted output keeps versions stable.
+    out.sort_by(|a, b| {
+        (&a.address, &a.ports, &a.labels, a.weight)
+            .cmp(&(&b.address, &b.ports, &b.labels, b.weight))
+    });
+    if service.resolution == Resolution::DnsRoundRobin && out.len() > 1 {
+        errors.push(format!(
+            "spec.endpoints: DNS_ROUND_ROBIN allows at most one endpoint, got {}",
+            out.len()
+        ));
+    }
+    out
+}
+
+fn check_endpoint_address(ep: &Endpoint, resolution: Resolution) -> Result<(), String> {
+    let a = ep.address.as_str();
+    if a.starts_with("unix://") || a.parse::<IpAddr>().is_ok() {
+        return Ok(());
+    }
+    match resolution {
+        Resolution::Static => Err(format!(
+            "{a:?} is not an IP address (STATIC resolution needs IPs)"
+        )),
+        _ if check_host(a).is_ok() && !a.starts_with('*') => Ok(()),
+        _ => Err(format!("{a:?} is neither an IP address nor a DNS name")),
+    }
+}
+
+/// Drops labels Kubernetes would reject, one warning each.
+fn clean_labels(labels: &Labels, field: &str, warnings: &mut Vec<(WarningKind, String)>) -> Labels {
+    let mut out = Labels::new();
+    for (k, v) in labels {
+        match check_label_key(k).and_then(|()| check_label_value(k, v)) {
+            Ok(()) => {
+                out.insert(k.clone(), v.clone());
+            }
+            Err(e) => warnings.push((WarningKind::Label, format!("{field}: {e}; label dropped"))),
+        }
+    }
+    out
+}
+
+/// Source and registry names become label values; map them rather than fail.
+fn label_safe(s: &str) -> String {
+    let l = map_dns_label(s);
+    if l.is_empty() {
+        "unknown".into()
+    } else {
+        l
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Port, ServiceKey};
+
+    fn cfg() -> TranslateConfig {
+        TranslateConfig {
+            namespace: "consul".into(),
+            host_suffix: "service.consul".into(),
+            export_to: vec![],
+            registry: "consul".into(),
+            source: "dc1".into(),
+        }
+    }
+
+    fn mk_service(name: &str) -> Service {
+        let mut s = Service::new(ServiceKey::new(name), format!("test service {name}"));
+        s.ports.push(Port {
+            number: 8080,
+            name: "http".into(),
+            protocol: Some("http".into()),
+            target_port: None,
+        });
+        s
+    }
+
+    fn mk_endpoint(addr: &str) -> Endpoint {
+        Endpoint {
+            address: addr.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn builds_a_valid_service_entry() {
+        let mut s = mk_service("Web_Front");
+        s.endpoints = vec![mk_endpoint("10.0.0.2"), mk_endpoint("10.0.0.1")];
+        s.labels.insert("team".into(), "a".into());
+        let t = translate(&s, &cfg()).expect("valid");
+        assert_eq!(t.name, "consul/web-front");
+        assert_eq!(t.spec.hosts, vec!["web-front.service.consul"]);
+        assert_eq!(t.spec.ports[0].protocol, "HTTP");
+        assert_eq!(t.spec.resolution, service_entry::Resolution::Static as i32);
+        assert_eq!(
+            t.spec.location,
+            service_entry::Location::MeshInternal as i32
+        );
+        // Sorted, whatever order the registry listed them in.
+        assert_eq!(t.spec.endpoints[0].address, "10.0.0.1");
+        assert_eq!(
+            t.labels.get(LABEL_REGISTRY).map(String::as_str),
+            Some("consul")
+        );
+        assert_eq!(t.labels.get(LABEL_SOURCE).map(String::as_str), Some("dc1"));
+        assert_eq!(t.labels.get("team").map(String::as_str), Some("a"));
+        assert_eq!(t.create_time, FIXED_CREATE_TIME);
+        assert!(t.warnings.is_empty());
+    }
+
+    #[test]
+    fn drops_bad_endpoints_labels_and_port_mappings_but_keeps_the_service() {
+        let mut s = mk_service("web");
+        let mut good = mk_endpoint("10.0.0.1");
+        good.labels.insert("ok".into(), "v1".into());
+        good.labels.insert("bad key".into(), "v".into());
+        good.labels.insert("k".into(), "bad,value".into());
+        good.ports.insert("http".into(), 9090);
+        good.ports.insert("nope".into(), 1);
+        s.endpoints = vec![good, mk_endpoint("host.example.com")];
+        let t = translate(&s, &cfg()).expect("valid");
+        assert_eq!(t.spec.endpoints.len(), 1);
+        let ep = &t.spec.endpoints[0];
+        assert_eq!(ep.labels.len(), 1);
+        assert_eq!(ep.ports.get("http"), Some(&9090));
+        assert!(!ep.ports.contains_key("nope"));
+        assert_eq!(t.warnings.len(), 4, "{:?}", t.warnings);
+        assert!(t
+            .warnings
+            .iter()
+            .any(|(k, w)| *k == WarningKind::Endpoint && w.contains("spec.endpoints[1].address")));
+    }
+
+    #[test]
+    fn rejects_with_every_reason_and_the_field() {
+        let mut s = mk_service("web");
+        s.ports.push(Port {
+            number: 8080,
+            name: "HTTP".into(),
+            protocol: Some("dubbo".into()),
+            target_port: None,
+        });
+        s.hosts.push(Host::Absolute("bad_host".into()));
+        let err = translate(&s, &cfg()).expect_err("invalid");
+        assert_eq!(err.origin, "test service web");
+        let all = err.errors.join("\n");
+        assert!(
+            all.contains("spec.ports[1].number: 8080 is used twice"),
+            "{all}"
+        );
+        assert!(all.contains("spec.ports[1].name"), "{all}");
+        assert!(all.contains("spec.ports[1].protocol"), "{all}");
+        assert!(all.contains("spec.hosts[1]"), "{all}");
+    }
+
+    #[test]
+    fn resolution_rules() {
+        let mut s = mk_service("web");
+        s.resolution = Resolution::None;
+        s.endpoints = vec![mk_endpoint("10.0.0.1")];
+        assert!(translate(&s, &cfg()).is_err());
+
+        let mut s = mk_service("web");
+        s.resolution = Resolution::DnsRoundRobin;
+        s.endpoints = vec![mk_endpoint("a.example.com"), mk_endpoint("b.example.com")];
+        assert!(translate(&s, &cfg()).is_err());
+
+        let mut s = mk_service("web");
+        s.resolution = Resolution::Dns;
+        s.endpoints = vec![mk_endpoint("a.example.com")];
+        assert!(translate(&s, &cfg()).is_ok());
+
+        // Several hosts on a TCP port cannot be told apart.
+        let mut s = mk_service("web");
+        s.ports[0].protocol = Some("TCP".into());
+        s.hosts.push(Host::Absolute("other.example.com".into()));
+        assert!(translate(&s, &cfg()).is_err());
+    }
+
+    #[test]
+    fn namespace_export_to_and_addresses() {
+        let mut s = mk_service("web");
+        s.key = ServiceKey::namespaced("Bad_NS", "web");
+        s.export_to = vec!["*".into(), "ns1".into()];
+        s.addresses = vec!["10.0.0.0/33".into(), "nope".into()];
+        let all = translate(&s, &cfg())
+            .expect_err("invalid")
+            .errors
+            .join("\n");
+        assert!(all.contains("metadata.namespace"), "{all}");
+        assert!(all.contains("spec.exportTo"), "{all}");
+        assert!(all.contains("spec.addresses[0]"), "{all}");
+        assert!(all.contains("spec.addresses[1]"), "{all}");
+
+        let mut s = mk_service("web");
+        s.addresses = vec!["240.0.0.1".into(), "10.1.0.0/16".into()];
+        let mut c = cfg();
+        c.export_to = vec![".".into()];
+        let t = translate(&s, &c).expect("valid");
+        assert_eq!(t.spec.export_to, vec!["."]);
+    }
+}

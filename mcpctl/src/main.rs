@@ -1,0 +1,292 @@
+//! `mcpctl get serviceentries --server xds://HOST:PORT [-o table|yaml|json] [--watch]`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use mcpctl::render;
+use mcpctl::sink::{ApiVersion, Received, Sink, SinkOptions, TlsOptions, Update};
+
+/// A small MCP (Istio Mesh Configuration Protocol) sink: shows the ServiceEntries a config
+/// source serves, once or as they change.
+#[derive(Parser, Debug)]
+#[command(name = "mcpctl", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the ServiceEntries a server serves (the first full state, or every update with
+    /// --watch).
+    Get(GetArgs),
+}
+
+#[derive(Args, Debug)]
+struct GetArgs {
+    /// Resource type to get.
+    #[arg(value_enum)]
+    resource: ResourceKind,
+    /// Server: xds://HOST:PORT (MCP-over-xDS), delta://HOST:PORT (delta xDS) or mcp://HOST:PORT
+    /// (legacy Istio 1.1-1.7 MCP).
+    #[arg(long, env = "MCPCTL_SERVER")]
+    server: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Keep the stream open and print the state after every update, each with a timestamp.
+    #[arg(short = 'w', long)]
+    watch: bool,
+    /// ServiceEntry type URL generation to subscribe to (xds and delta).
+    #[arg(long, value_enum, default_value_t = ApiVersionArg::V1)]
+    api_version: ApiVersionArg,
+    /// How long to wait for the server (and, without --watch, for its first response), e.g.
+    /// 10s, 500ms, 2m.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Ask a legacy MCP server (mcp://) for incremental responses.
+    #[arg(long)]
+    incremental: bool,
+    /// PEM CA bundle; turns TLS on and verifies the server certificate against it.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Name to verify the server certificate against (default: the host of --server).
+    #[arg(long, requires = "tls_ca", value_name = "NAME")]
+    tls_server_name: Option<String>,
+    /// PEM client certificate for mutual TLS.
+    #[arg(long, requires_all = ["tls_ca", "tls_key"], value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ResourceKind {
+    /// Istio ServiceEntries.
+    #[value(name = "serviceentries", aliases = ["serviceentry", "se"])]
+    ServiceEntries,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Table,
+    Yaml,
+    Json,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ApiVersionArg {
+    V1,
+    V1alpha3,
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s`, or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (use e.g. 10s, 500ms, 2m)"))?;
+    let scale = match unit {
+        "" | "s" => 1.0,
+        "ms" => 0.001,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit {unit:?} in {s:?} (ms, s, m, h)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(n * scale).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+fn options(args: &GetArgs) -> SinkOptions {
+    let mut opts = SinkOptions::new(args.server.clone());
+    opts.api_version = match args.api_version {
+        ApiVersionArg::V1 => ApiVersion::V1,
+        ApiVersionArg::V1alpha3 => ApiVersion::V1alpha3,
+    };
+    opts.incremental = args.incremental;
+    opts.connect_timeout = args.timeout;
+    opts.tls = args.tls_ca.as_ref().map(|ca| TlsOptions {
+        ca: ca.clone(),
+        server_name: args.tls_server_name.clone(),
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+    });
+    opts
+}
+
+/// Renders one state in `output`; with `watch`, prefixed as described in `--help`.
+fn render_state(
+    output: Output,
+    state: &BTreeMap<String, Received>,
+    watch: Option<&Update>,
+) -> anyhow::Result<String> {
+    Ok(match (output, watch) {
+        (Output::Table, None) => render::table(state),
+        (Output::Table, Some(u)) => format!(
+            "# {} version={} resources={}\n{}",
+            render::rfc3339_millis(u.at),
+            u.version_info,
+            state.len(),
+            render::table(state)
+        ),
+        (Output::Json, None) => format!(
+            "{}\n",
+            serde_json::to_string_pretty(&render::list_json(state))?
+        ),
+        (Output::Json, Some(u)) => {
+            // Written by hand so `time` comes first whatever serde_json's map ordering is.
+            format!(
+                "{{\"time\":{},\"version\":{},\"items\":{}}}\n",
+                serde_json::to_string(&render::rfc3339_millis(u.at))?,
+                serde_json::to_string(&u.version_info)?,
+                serde_json::to_string(&render::items_json(state))?
+            )
+        }
+        (Output::Yaml, None) => serde_yaml::to_string(&render::list_json(state))?,
+        (Output::Yaml, Some(u)) => format!(
+            "---\n# time {} version={} resources={}\n{}",
+            render::rfc3339_millis(u.at),
+            u.version_info,
+            state.len(),
+            serde_yaml::to_string(&render::list_json(state))?
+        ),
+    })
+}
+
+/// Writes and flushes, so a reader of a pipe sees each update at once.
+fn emit(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("writing to stdout")
+}
+
+async fn get(args: GetArgs) -> anyhow::Result<()> {
+    let ResourceKind::ServiceEntries = args.resource;
+    if args.incremental && !args.server.starts_with("mcp://") {
+        bail!("--incremental applies only to mcp:// servers");
+    }
+    let timeout = args.timeout;
+    let mut sink = Sink::connect(options(&args)).await?;
+    if !args.watch {
+        let update = sink
+            .next_within(timeout)
+            .await?
+            .with_context(|| format!("no response from {} within {timeout:?}", args.server))?;
+        return emit(&render_state(args.output, &update.state, None)?);
+    }
+    loop {
+        let update = sink.next().await?;
+        emit(&render_state(args.output, &update.state, Some(&update))?)?;
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Get(args) => get(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed pipe (`mcpctl ... | head`) is the reader's choice, not a failure.
+            if e.downcast_ref::<std::io::Error>()
+                .or_else(|| e.root_cause().downcast_ref::<std::io::Error>())
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                return ExitCode::SUCCESS;
+            }
+            // Like `{:#}`, but skips causes whose text an outer message already includes.
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                let c = cause.to_string();
+                if !msg.contains(&c) {
+                    msg.push_str(": ");
+                    msg.push_str(&c);
+                }
+            }
+            eprintln!("mcpctl: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn watch_formats() {
+        let update = Update {
+            at: std::time::UNIX_EPOCH + Duration::from_millis(1_795_359_845_123),
+            version_info: "v9".into(),
+            nonce: "n".into(),
+            state: BTreeMap::new(),
+            upserted: vec![],
+            removed: vec![],
+            incremental: false,
+        };
+        let table = render_state(Output::Table, &update.state, Some(&update)).unwrap();
+        assert_eq!(
+            table.lines().next(),
+            Some("# 2026-11-22T15:04:05.123Z version=v9 resources=0")
+        );
+        let yaml = render_state(Output::Yaml, &update.state, Some(&update)).unwrap();
+        assert!(
+            yaml.starts_with("---\n# time 2026-11-22T15:04:05.123Z version=v9 resources=0\n"),
+            "{yaml}"
+        );
+        let json = render_state(Output::Json, &update.state, Some(&update)).unwrap();
+        assert_eq!(
+            json,
+            "{\"time\":\"2026-11-22T15:04:05.123Z\",\"version\":\"v9\",\"items\":[]}\n"
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+
+    #[test]
+    fn aliases_parse() {
+        for alias in ["serviceentries", "serviceentry", "se"] {
+            let cli =
+                Cli::try_parse_from(["mcpctl", "get", alias, "--server", "xds://h:1"]).unwrap();
+            let Command::Get(args) = cli.command;
+            assert!(matches!(args.resource, ResourceKind::ServiceEntries));
+            assert_eq!(args.timeout, Duration::from_secs(10));
+            assert_eq!(args.output, Output::Table);
+        }
+        assert!(
+            Cli::try_parse_from(["mcpctl", "get", "se", "--server", "x", "--tls-key", "k"])
+                .is_err()
+        );
+    }
+}
