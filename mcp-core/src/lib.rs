@@ -16,6 +16,7 @@ pub mod runtime;
 pub mod server;
 pub mod status;
 pub mod telemetry;
+pub mod testing;
 pub mod translate;
 
 pub use cli::CommonArgs;

@@ -1,0 +1,134 @@
+//! Test support: a registry driven by the test, and model builders.
+//!
+//! Used by the conformance tests and the benchmarks; small enough to ship in the library so that
+//! adapter crates can use it in their own tests.
+
+use std::sync::{Arc, Mutex};
+
+use futures::stream::BoxStream;
+use tokio::sync::mpsc;
+
+use crate::cli::{CommonArgs, LogFormat};
+use crate::model::{Endpoint, Port, Service, ServiceKey};
+use crate::registry::{Registry, RegistryError, RegistryEvent};
+
+type Item = Result<RegistryEvent, RegistryError>;
+
+/// A registry whose events the test sends through a [`FakeHandle`]. Each call to `watch` (the
+/// first, and every retry after an error) takes the next stream the handle opened; the test
+/// controls what each watch sees.
+#[derive(Clone, Debug)]
+pub struct FakeRegistry {
+    streams: Arc<Mutex<mpsc::UnboundedReceiver<mpsc::UnboundedReceiver<Item>>>>,
+}
+
+/// Drives a [`FakeRegistry`].
+#[derive(Clone, Debug)]
+pub struct FakeHandle {
+    streams: mpsc::UnboundedSender<mpsc::UnboundedReceiver<Item>>,
+    current: Arc<Mutex<Option<mpsc::UnboundedSender<Item>>>>,
+}
+
+/// A fake registry with its handle; one watch stream is already open.
+pub fn fake_registry() -> (FakeRegistry, FakeHandle) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let handle = FakeHandle {
+        streams: tx,
+        current: Arc::new(Mutex::new(None)),
+    };
+    handle.reconnect();
+    (
+        FakeRegistry {
+            streams: Arc::new(Mutex::new(rx)),
+        },
+        handle,
+    )
+}
+
+impl FakeHandle {
+    /// Sends an event on the current watch stream.
+    pub fn send(&self, event: RegistryEvent) {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = current.as_ref() {
+            let _ = tx.send(Ok(event));
+        }
+    }
+
+    /// Fails the current watch (the core backs off and calls `watch` again, getting a fresh
+    /// stream opened here).
+    pub fn fail(&self, error: RegistryError) {
+        {
+            let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(tx) = current.as_ref() {
+                let _ = tx.send(Err(error));
+            }
+        }
+        self.reconnect();
+    }
+
+    fn reconnect(&self) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        let _ = self.streams.send(rx);
+    }
+}
+
+impl Registry for FakeRegistry {
+    const NAME: &'static str = "fake";
+    const DEFAULT_HOST_SUFFIX: &'static str = "fake.local";
+    const DEFAULT_NAMESPACE: &'static str = "fake";
+
+    fn watch(&self) -> BoxStream<'static, Item> {
+        let next = self
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .try_recv()
+            .ok();
+        match next {
+            Some(rx) => Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx)),
+            None => Box::pin(futures::stream::pending()),
+        }
+    }
+}
+
+/// Common flags for tests: both ports on 127.0.0.1:0, coalescing off.
+pub fn test_args() -> CommonArgs {
+    CommonArgs {
+        listen: ([127, 0, 0, 1], 0).into(),
+        admin_listen: ([127, 0, 0, 1], 0).into(),
+        namespace: None,
+        host_suffix: None,
+        export_to: Vec::new(),
+        source_name: None,
+        coalesce: std::time::Duration::ZERO,
+        log_format: LogFormat::Text,
+        tls_cert: None,
+        tls_key: None,
+        tls_client_ca: None,
+    }
+}
+
+/// A valid service `name` with one HTTP port 8080 and `endpoints` IPs 10.x.y.z.
+pub fn mk_service(name: &str, endpoints: usize) -> Service {
+    let mut s = Service::new(ServiceKey::new(name), format!("test service {name}"));
+    s.ports.push(Port {
+        number: 8080,
+        name: "http".into(),
+        protocol: Some("HTTP".into()),
+        target_port: None,
+    });
+    s.endpoints = (0..endpoints).map(mk_endpoint).collect();
+    s
+}
+
+/// Endpoint number `i`: address 10.(i/65536).(i/256%256).(i%256) with two labels.
+pub fn mk_endpoint(i: usize) -> Endpoint {
+    let mut e = Endpoint {
+        address: format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255),
+        ..Default::default()
+    };
+    e.labels.insert("version".into(), format!("v{}", i % 3));
+    e.labels.insert("zone".into(), format!("z{}", i % 2));
+    e
+}
