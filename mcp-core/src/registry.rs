@@ -16,6 +16,9 @@ use tokio_stream::StreamExt;
 use crate::model::{Service, ServiceKey};
 
 /// A change in the registry.
+// Events are moved one at a time through a channel, never stored in bulk: boxing `Upsert` would
+// only add an allocation per change.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum RegistryEvent {
     /// The authoritative full set: anything not in it is removed.

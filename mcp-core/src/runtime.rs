@@ -253,6 +253,7 @@ struct Writer {
     shutdown: CancellationToken,
 }
 
+#[allow(clippy::large_enum_variant)] // one at a time, on the stack
 enum Step {
     Event(RegistryEvent),
     Failed(RegistryError),

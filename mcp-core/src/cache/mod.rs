@@ -87,7 +87,7 @@ pub fn encode(t: &Translated) -> Entry {
     let resource = Resource {
         metadata: Some(Metadata {
             name: t.name.clone(),
-            create_time: Some(create_time.clone()),
+            create_time: Some(create_time),
             version: version.clone(),
             labels: t.labels.clone(),
             annotations: t.annotations.clone(),

@@ -236,9 +236,8 @@ impl Engine {
         // a reconnecting istiod delete everything this source gave it before.
         let snapshot = snapshot?;
         let same = state.sent_version.as_deref() == Some(snapshot.version.as_str());
-        if (same && !state.dirty)
-            || state.nacked_version.as_deref() == Some(snapshot.version.as_str()) && !state.dirty
-        {
+        let nacked = state.nacked_version.as_deref() == Some(snapshot.version.as_str());
+        if !state.dirty && (same || nacked) {
             return None;
         }
         let view = filtered(snapshot, state.names.as_ref());
