@@ -321,7 +321,7 @@ pub fn decode_resource(r: &Resource) -> Decoded {
 }
 
 /// Decodes an `Any(istio.mcp.v1alpha1.Resource)` from an xDS response.
-pub fn decode_any(any: &prost_types::Any) -> Decoded {
+pub fn decode_any(any: &envoy_types::pb::google::protobuf::Any) -> Decoded {
     assert_eq!(any.type_url, MCP_RESOURCE_ANY, "envelope type_url");
     let r = Resource::decode(any.value.as_slice()).expect("an MCP Resource");
     decode_resource(&r)
