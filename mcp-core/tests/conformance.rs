@@ -135,7 +135,8 @@ async fn istiod_pattern(types: &[&str], se_type: &str) {
         }
     }
     // Nonces are distinct.
-    let nonces: std::collections::BTreeSet<_> = got.values().map(|rs| rs[0].nonce.clone()).collect();
+    let nonces: std::collections::BTreeSet<_> =
+        got.values().map(|rs| rs[0].nonce.clone()).collect();
     assert_eq!(nonces.len(), got.len(), "every response has its own nonce");
     for rs in got.values() {
         s.send(xds_ack(&rs[0]));
@@ -208,12 +209,16 @@ async fn before_first_sync_only_unknown_types_are_answered() {
         node: Some(istiod_node()),
         ..xds_req(SE_V1, &timestamped_nonce(1))
     });
-    s.send(xds_req("networking.istio.io/v1/VirtualService", &timestamped_nonce(2)));
+    s.send(xds_req(
+        "networking.istio.io/v1/VirtualService",
+        &timestamped_nonce(2),
+    ));
     let r = s.recv().await;
     assert_eq!(r.type_url, "networking.istio.io/v1/VirtualService");
     assert!(r.resources.is_empty());
     s.send(xds_ack(&r));
-    s.silent("no ServiceEntry answer before the first sync").await;
+    s.silent("no ServiceEntry answer before the first sync")
+        .await;
     assert_eq!(check(&mut health).await, ServingStatus::NotServing as i32);
     assert_eq!(http_get(a.admin(), "/readyz").await.0, 503);
 
@@ -295,17 +300,17 @@ async fn xds_update_flow_ack_stale_nack() {
     // A later change is sent.
     a.handle.send(RegistryEvent::Upsert(mk_service("d", 1)));
     let r5 = s.recv().await;
-    assert_eq!(
-        names(&decode_xds(&r5)),
-        vec!["fake/a", "fake/c", "fake/d"]
-    );
+    assert_eq!(names(&decode_xds(&r5)), vec!["fake/a", "fake/c", "fake/d"]);
     assert_ne!(r5.version_info, r4.version_info);
     s.send(xds_ack(&r5));
     s.silent("ACKed").await;
 
     let m = a.metrics().await;
     assert_eq!(
-        metric(&m, r#"mcp_adapter_nacks_total{protocol="xds",registry="fake",type="serviceentry"}"#),
+        metric(
+            &m,
+            r#"mcp_adapter_nacks_total{protocol="xds",type="serviceentry",registry="fake"}"#
+        ),
         Some(1.0),
         "{m}"
     );
@@ -508,7 +513,11 @@ async fn legacy_incremental_when_requested() {
     let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
     let mut s = a.legacy().await;
     s.send(legacy_req(SE_COLLECTION, "", true));
-    s.send(legacy_req("istio/networking/v1alpha3/virtualservices", "", true));
+    s.send(legacy_req(
+        "istio/networking/v1alpha3/virtualservices",
+        "",
+        true,
+    ));
     let mut first = None;
     for _ in 0..2 {
         let r = s.recv().await;
@@ -623,7 +632,10 @@ async fn quarantine_serves_only_valid_and_reports_the_invalid() {
         .await
         .expect("timed out")
         .expect("update");
-    assert_eq!(u.state.keys().cloned().collect::<Vec<_>>(), vec!["fake/good"]);
+    assert_eq!(
+        u.state.keys().cloned().collect::<Vec<_>>(),
+        vec!["fake/good"]
+    );
 
     let d = a.debug().await;
     let served: Vec<_> = d["resources"]
@@ -789,7 +801,10 @@ async fn coalescing_window_merges_a_burst() {
     s.silent("the whole burst was one push").await;
     let m = a.metrics().await;
     assert_eq!(
-        metric(&m, r#"mcp_adapter_snapshots_total{reason="change",registry="fake"}"#),
+        metric(
+            &m,
+            r#"mcp_adapter_snapshots_total{reason="change",registry="fake"}"#
+        ),
         Some(1.0),
         "{m}"
     );
@@ -836,4 +851,48 @@ async fn graceful_shutdown_with_open_streams() {
         tokio::net::TcpStream::connect(admin).await.is_err(),
         "admin port still open after stop"
     );
+}
+
+/// Requests for other types (here: stale ones) arriving while a snapshot is published must not
+/// make the stream miss that snapshot for ServiceEntries.
+#[tokio::test]
+async fn changes_are_not_lost_while_other_requests_arrive() {
+    let a = synced(vec![mk_service("a", 1)]).await;
+    let mut s = a.xds().await;
+    s.send(xds_req(SE_V1, ""));
+    s.send(xds_req("networking.istio.io/v1/VirtualService", ""));
+    for _ in 0..2 {
+        let r = s.recv().await;
+        s.send(xds_ack(&r));
+    }
+    s.silent_for(Duration::from_millis(200), "ACKed").await;
+
+    // Keep the stream busy with stale requests for another type.
+    let tx = s.tx.clone();
+    let flood = tokio::spawn(async move {
+        loop {
+            for _ in 0..20 {
+                if tx
+                    .send(xds_req("networking.istio.io/v1/VirtualService", "stale"))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    for i in 2..12 {
+        a.handle.send(RegistryEvent::Upsert(mk_service("a", i)));
+        let r = s.recv().await;
+        assert_eq!(r.type_url, SE_V1);
+        assert_eq!(
+            decode_xds(&r)["fake/a"].spec.endpoints.len(),
+            i,
+            "change {i} delivered"
+        );
+        s.send(xds_ack(&r));
+    }
+    flood.abort();
+    a.stop().await;
 }

@@ -50,7 +50,10 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -61,7 +64,10 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < end, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < end,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -113,7 +119,9 @@ impl Adapter {
     /// Waits until /readyz is 200.
     pub fn wait_ready(&self) {
         wait_for(Duration::from_secs(20), "adapter /readyz", || {
-            http_get(self.admin, "/readyz").ok().filter(|(s, _)| *s == 200)
+            http_get(self.admin, "/readyz")
+                .ok()
+                .filter(|(s, _)| *s == 200)
         });
     }
 
@@ -162,7 +170,12 @@ pub struct Adsc {
 pub fn adsc_dir() -> PathBuf {
     std::env::var_os("ADSC_WATCH_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| target_dir().parent().map(|t| t.join("adsc")).unwrap_or_default())
+        .unwrap_or_else(|| {
+            target_dir()
+                .parent()
+                .map(|t| t.join("adsc"))
+                .unwrap_or_default()
+        })
 }
 
 impl Adsc {
@@ -205,7 +218,12 @@ impl Adsc {
     }
 
     /// Waits for an event satisfying `pred`; panics with everything seen on timeout.
-    pub fn wait(&mut self, timeout: Duration, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub fn wait(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let end = Instant::now() + timeout;
         loop {
             let left = end.saturating_duration_since(Instant::now());
@@ -229,7 +247,11 @@ impl Adsc {
     }
 
     /// Waits for a `serviceentries` event satisfying `pred` on its items.
-    pub fn wait_items(&mut self, what: &str, pred: impl Fn(&[serde_json::Value]) -> bool) -> Vec<serde_json::Value> {
+    pub fn wait_items(
+        &mut self,
+        what: &str,
+        pred: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
         let ev = self.wait(Duration::from_secs(30), what, |ev| {
             ev["event"] == "serviceentries"
                 && ev["items"].as_array().is_some_and(|items| pred(items))

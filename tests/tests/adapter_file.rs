@@ -8,7 +8,16 @@ use e2e::{wait_for, workspace_bin, Adapter};
 /// `mcpctl get se -o json` against `server`: the items.
 fn get(server: &str) -> Vec<serde_json::Value> {
     let out = Command::new(workspace_bin("mcpctl"))
-        .args(["get", "serviceentries", "--server", server, "-o", "json", "--timeout", "5s"])
+        .args([
+            "get",
+            "serviceentries",
+            "--server",
+            server,
+            "-o",
+            "json",
+            "--timeout",
+            "5s",
+        ])
         .output()
         .expect("run mcpctl");
     assert!(
@@ -23,7 +32,13 @@ fn get(server: &str) -> Vec<serde_json::Value> {
 fn names(items: &[serde_json::Value]) -> Vec<String> {
     items
         .iter()
-        .map(|i| format!("{}/{}", i["metadata"]["namespace"].as_str().unwrap_or(""), i["metadata"]["name"].as_str().unwrap_or("")))
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["metadata"]["namespace"].as_str().unwrap_or(""),
+                i["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
         .collect()
 }
 
@@ -35,7 +50,10 @@ fn se(name: &str, ip: &str) -> String {
 
 fn start(dir: &std::path::Path) -> Adapter {
     let path = dir.to_string_lossy().to_string();
-    let a = Adapter::start("adapter-file", &["--path", &path, "--poll-interval", "50ms"]);
+    let a = Adapter::start(
+        "adapter-file",
+        &["--path", &path, "--poll-interval", "50ms"],
+    );
     a.wait_ready();
     a
 }
@@ -59,8 +77,14 @@ fn reloads_edits_new_files_and_deletions_without_restart() {
         (names(&get(&xds)) == vec!["ns/a", "ns/b"]).then_some(())
     });
     // The legacy MCP and delta sinks see the same set.
-    assert_eq!(names(&get(&format!("mcp://{}", adapter.grpc))), vec!["ns/a", "ns/b"]);
-    assert_eq!(names(&get(&format!("delta://{}", adapter.grpc))), vec!["ns/a", "ns/b"]);
+    assert_eq!(
+        names(&get(&format!("mcp://{}", adapter.grpc))),
+        vec!["ns/a", "ns/b"]
+    );
+    assert_eq!(
+        names(&get(&format!("delta://{}", adapter.grpc))),
+        vec!["ns/a", "ns/b"]
+    );
 
     std::fs::remove_file(dir.path().join("a.yaml")).expect("delete");
     wait_for(Duration::from_secs(10), "deletion served", || {
@@ -74,7 +98,11 @@ fn bad_input_is_named_and_nothing_else_is_lost() {
     std::fs::write(dir.path().join("good.yaml"), se("good", "10.0.0.1")).expect("write");
     std::fs::write(
         dir.path().join("two.yaml"),
-        format!("{}---\n{}", se("first", "10.0.0.2"), se("second", "10.0.0.3")),
+        format!(
+            "{}---\n{}",
+            se("first", "10.0.0.2"),
+            se("second", "10.0.0.3")
+        ),
     )
     .expect("write");
     let adapter = start(dir.path());
@@ -85,7 +113,11 @@ fn bad_input_is_named_and_nothing_else_is_lost() {
     // document and field.
     std::fs::write(
         dir.path().join("two.yaml"),
-        format!("{}---\n{}", se("first", "10.0.0.2"), se("second", "10.0.0.3").replace("number: 80", "number: eighty")),
+        format!(
+            "{}---\n{}",
+            se("first", "10.0.0.2"),
+            se("second", "10.0.0.3").replace("number: 80", "number: eighty")
+        ),
     )
     .expect("break");
     let problems = wait_for(Duration::from_secs(10), "problem reported", || {
@@ -95,19 +127,30 @@ fn bad_input_is_named_and_nothing_else_is_lost() {
     assert!(problems.contains("document 2"), "{problems}");
     assert!(problems.contains("spec.ports[0].number"), "{problems}");
     // An unknown kind elsewhere is reported too; the good file is untouched.
-    std::fs::write(dir.path().join("odd.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n").expect("write");
+    std::fs::write(
+        dir.path().join("odd.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+    )
+    .expect("write");
     let problems = wait_for(Duration::from_secs(10), "unknown kind reported", || {
         let p = adapter.debug()["problems"].to_string();
         p.contains("odd.yaml").then_some(p)
     });
     assert!(problems.contains("ConfigMap"), "{problems}");
     assert_eq!(names(&get(&xds)), vec!["ns/first", "ns/good", "ns/second"]);
-    assert!(adapter.get("/metrics").1.contains("mcp_adapter_registry_problems{registry=\"file\"} 2"));
+    assert!(adapter
+        .get("/metrics")
+        .1
+        .contains("mcp_adapter_registry_problems{registry=\"file\"} 2"));
 
     // A ServiceEntry Istio would reject: quarantined on its own, named by file, document, field.
     std::fs::write(
         dir.path().join("good.yaml"),
-        format!("{}---\n{}", se("good", "10.0.0.1"), se("invalid", "10.0.0.4").replace("name: http", "name: HTTP_1")),
+        format!(
+            "{}---\n{}",
+            se("good", "10.0.0.1"),
+            se("invalid", "10.0.0.4").replace("name: http", "name: HTTP_1")
+        ),
     )
     .expect("write");
     let quarantined = wait_for(Duration::from_secs(10), "quarantine", || {
@@ -115,20 +158,37 @@ fn bad_input_is_named_and_nothing_else_is_lost() {
         q.as_array().is_some_and(|a| !a.is_empty()).then_some(q)
     });
     let text = quarantined.to_string();
-    assert!(text.contains("good.yaml") && text.contains("document 2"), "{text}");
+    assert!(
+        text.contains("good.yaml") && text.contains("document 2"),
+        "{text}"
+    );
     assert!(text.contains("spec.ports[0].name"), "{text}");
     assert_eq!(names(&get(&xds)), vec!["ns/first", "ns/good", "ns/second"]);
     let log = adapter.log();
     assert!(log.contains("Quarantined an invalid service"), "{log}");
 
     // Fixed files recover.
-    std::fs::write(dir.path().join("two.yaml"), format!("{}---\n{}", se("first", "10.0.0.2"), se("second", "10.0.0.9"))).expect("fix");
+    std::fs::write(
+        dir.path().join("two.yaml"),
+        format!(
+            "{}---\n{}",
+            se("first", "10.0.0.2"),
+            se("second", "10.0.0.9")
+        ),
+    )
+    .expect("fix");
     std::fs::remove_file(dir.path().join("odd.yaml")).expect("rm");
     wait_for(Duration::from_secs(10), "problems cleared", || {
-        adapter.debug()["problems"].as_object().is_some_and(|p| p.is_empty()).then_some(())
+        adapter.debug()["problems"]
+            .as_object()
+            .is_some_and(|p| p.is_empty())
+            .then_some(())
     });
     let items = get(&xds);
-    let second = items.iter().find(|i| i["metadata"]["name"] == "second").expect("second");
+    let second = items
+        .iter()
+        .find(|i| i["metadata"]["name"] == "second")
+        .expect("second");
     assert_eq!(second["spec"]["endpoints"][0]["address"], "10.0.0.9");
 }
 
@@ -137,7 +197,14 @@ fn two_replicas_serve_identical_names_versions_and_create_time() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         dir.path().join("a.yaml"),
-        format!("{}---\n{}", se("a", "10.0.0.1"), se("b", "10.0.0.2").replace("namespace: ns}", "namespace: ns, creationTimestamp: \"2024-01-02T03:04:05Z\"}")),
+        format!(
+            "{}---\n{}",
+            se("a", "10.0.0.1"),
+            se("b", "10.0.0.2").replace(
+                "namespace: ns}",
+                "namespace: ns, creationTimestamp: \"2024-01-02T03:04:05Z\"}"
+            )
+        ),
     )
     .expect("write");
     let one = start(dir.path());
@@ -147,7 +214,10 @@ fn two_replicas_serve_identical_names_versions_and_create_time() {
     assert_eq!(a.len(), 2);
     assert_eq!(a, b, "replicas must agree on every byte a sink sees");
     let b_item = a.iter().find(|i| i["metadata"]["name"] == "b").expect("b");
-    assert_eq!(b_item["metadata"]["creationTimestamp"], "2024-01-02T03:04:05Z");
+    assert_eq!(
+        b_item["metadata"]["creationTimestamp"],
+        "2024-01-02T03:04:05Z"
+    );
     // A restart serves the same versions too.
     drop(one);
     let three = start(dir.path());

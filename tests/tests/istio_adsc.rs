@@ -54,13 +54,25 @@ fn scenario(version: IstioVersion) {
     let path = dir.path().to_string_lossy().to_string();
     let adapter = Adapter::start(
         "adapter-file",
-        &["--path", &path, "--poll-interval", "100ms", "--host-suffix", "legacy.example"],
+        &[
+            "--path",
+            &path,
+            "--poll-interval",
+            "100ms",
+            "--host-suffix",
+            "legacy.example",
+        ],
     );
     adapter.wait_ready();
 
     let mut adsc = Adsc::start(version, adapter.grpc);
-    let synced = adsc.wait(Duration::from_secs(60), "adsc synced", |e| e["event"] == "synced");
-    let se_type = synced["serviceEntryTypeUrl"].as_str().unwrap_or_default().to_string();
+    let synced = adsc.wait(Duration::from_secs(60), "adsc synced", |e| {
+        e["event"] == "synced"
+    });
+    let se_type = synced["serviceEntryTypeUrl"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     match version {
         IstioVersion::Current => assert_eq!(se_type, "networking.istio.io/v1/ServiceEntry"),
         IstioVersion::V1_22 => assert_eq!(se_type, "networking.istio.io/v1alpha3/ServiceEntry"),
@@ -69,14 +81,24 @@ fn scenario(version: IstioVersion) {
     let items = adsc.wait_items("three ServiceEntries", |items| items.len() == 3);
     let payments = item(&items, "shop/payments").expect("shop/payments in istio's store");
     assert_eq!(payments["spec"]["hosts"][0], "payments.shop.internal");
-    assert_eq!(payments["spec"]["endpoints"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        payments["spec"]["endpoints"].as_array().map(Vec::len),
+        Some(2)
+    );
     assert_eq!(payments["labels"]["team"], "pay");
     assert_eq!(payments["labels"]["mcp-adapter/registry"], "file");
-    let v1 = payments["resourceVersion"].as_str().unwrap_or_default().to_string();
+    let v1 = payments["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert_eq!(v1.len(), 16, "content-hash version: {v1}");
     assert_eq!(payments["creationTimestamp"], "1970-01-01T00:00:00Z");
     let stripe = item(&items, "shop/stripe").expect("shop/stripe");
-    assert_eq!(stripe["spec"]["location"], serde_json::Value::Null, "MESH_EXTERNAL is protojson's zero");
+    assert_eq!(
+        stripe["spec"]["location"],
+        serde_json::Value::Null,
+        "MESH_EXTERNAL is protojson's zero"
+    );
     assert_eq!(stripe["spec"]["resolution"], "DNS");
     let billing = item(&items, "legacy/billing").expect("legacy/billing");
     assert_eq!(billing["spec"]["hosts"][0], "billing.legacy.example");
@@ -91,7 +113,10 @@ fn scenario(version: IstioVersion) {
     });
     let payments = item(&items, "shop/payments").expect("payments");
     assert_ne!(payments["resourceVersion"].as_str(), Some(v1.as_str()));
-    assert_eq!(item(&items, "shop/stripe").expect("stripe")["resourceVersion"], stripe_version);
+    assert_eq!(
+        item(&items, "shop/stripe").expect("stripe")["resourceVersion"],
+        stripe_version
+    );
 
     // A broken file keeps its last good content in istio's store; the other file still flows.
     std::fs::write(&shop, "kind: ServiceEntry\nspec: [unclosed").expect("break");
@@ -100,7 +125,11 @@ fn scenario(version: IstioVersion) {
         item(items, "legacy/billing")
             .is_some_and(|b| b["spec"]["endpoints"][0]["address"] == "10.1.0.2")
     });
-    assert_eq!(items.len(), 3, "shop.yaml's last good content is still served: {items:?}");
+    assert_eq!(
+        items.len(),
+        3,
+        "shop.yaml's last good content is still served: {items:?}"
+    );
     let debug = adapter.debug();
     let problems = debug["problems"].to_string();
     assert!(problems.contains("shop.yaml"), "{problems}");
@@ -109,7 +138,11 @@ fn scenario(version: IstioVersion) {
     std::fs::remove_file(&shop).expect("delete");
     let items = adsc.wait_items("shop.yaml's entries deleted", |items| items.len() == 1);
     assert!(item(&items, "legacy/billing").is_some());
-    assert!(adsc.errors().is_empty(), "adsc reported errors: {:?}", adsc.errors());
+    assert!(
+        adsc.errors().is_empty(),
+        "adsc reported errors: {:?}",
+        adsc.errors()
+    );
 }
 
 #[test]

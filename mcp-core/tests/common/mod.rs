@@ -373,12 +373,10 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 
 /// The value of one series (`name{labels}` exactly as rendered, or a bare name).
 pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (s, v) = l.rsplit_once(' ')?;
-            (s == series).then(|| v.parse().ok()).flatten()
-        })
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (s, v) = l.rsplit_once(' ')?;
+        (s == series).then(|| v.parse().ok()).flatten()
+    })
 }
 
 /// Sum of every series of a metric family.
