@@ -1,1 +1,559 @@
-fn main() {}
+//! Targets 2 and 3 (style-perf.md §2.4):
+//! - one-service change -> sink p99 <= 10 ms with coalescing off (SotW xDS at N=100 and N=1000,
+//!   delta xDS at N=10000, 10 endpoints per service);
+//! - a no-op relist causes 0 pushes.
+//!
+//! Floor, measured in the same run: a bare tonic ADS server (no index, no engine) that answers
+//! every request at once with a pre-built response of exactly the bytes our server sent for the
+//! same case; the client measures request -> response round trips.
+//!
+//! Run: `cargo bench -p mcp-core --bench latency`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse as EnvoyDeltaResponse, DiscoveryRequest,
+    DiscoveryResponse as EnvoyResponse,
+};
+use hdrhistogram::Histogram;
+use mcp_core::model::Service;
+use mcp_core::registry::RegistryEvent;
+use mcp_core::runtime::{self, Running};
+use mcp_core::testing::{fake_registry, test_args, FakeHandle};
+use prost::Message;
+use proto::server::ads::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use proto::wire::{DeltaDiscoveryResponse, DeltaResource, DiscoveryResponse, SharedAny};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnboundedReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use common::{ads_client, http_get, machine, metric_sum, services, SE};
+
+const ITERATIONS: usize = 500;
+const ENDPOINTS: usize = 10;
+const TARGET_P99_MS: f64 = 10.0;
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram")
+}
+
+fn node() -> Option<Node> {
+    Some(Node {
+        id: "sidecar~127.0.0.1~bench.default~default.svc.cluster.local".into(),
+        ..Default::default()
+    })
+}
+
+/// The `k`-th change: service `k % n` with a new label value, so every change is a new version.
+fn changed(current: &mut [Service], k: usize) -> Service {
+    let i = k % current.len();
+    current[i]
+        .labels
+        .insert("bench-rev".into(), format!("r{k}"));
+    current[i].clone()
+}
+
+struct Measured {
+    hist: Histogram<u64>,
+    /// Encoded size of one change response (what the floor replays).
+    response_bytes: usize,
+}
+
+async fn start(n: usize) -> (Running, FakeHandle, Vec<Service>) {
+    let (registry, handle) = fake_registry();
+    let running = runtime::start(registry, test_args())
+        .await
+        .expect("runtime starts");
+    let current = services(n, ENDPOINTS);
+    handle.send(RegistryEvent::Reset(current.clone()));
+    (running, handle, current)
+}
+
+async fn next_sotw(stream: &mut Streaming<EnvoyResponse>) -> EnvoyResponse {
+    tokio::time::timeout(RESPONSE_TIMEOUT, stream.message())
+        .await
+        .expect("response in time")
+        .expect("stream ok")
+        .expect("stream open")
+}
+
+async fn next_delta(stream: &mut Streaming<EnvoyDeltaResponse>) -> EnvoyDeltaResponse {
+    tokio::time::timeout(RESPONSE_TIMEOUT, stream.message())
+        .await
+        .expect("response in time")
+        .expect("stream ok")
+        .expect("stream open")
+}
+
+fn sotw_ack(r: &EnvoyResponse) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: r.type_url.clone(),
+        version_info: r.version_info.clone(),
+        response_nonce: r.nonce.clone(),
+        ..Default::default()
+    }
+}
+
+fn to_wire(r: &EnvoyResponse) -> DiscoveryResponse {
+    DiscoveryResponse {
+        version_info: r.version_info.clone(),
+        resources: r
+            .resources
+            .iter()
+            .map(|a| SharedAny {
+                type_url: proto::MCP_RESOURCE_TYPE_URL,
+                value: Bytes::from(a.value.clone()),
+            })
+            .collect(),
+        type_url: r.type_url.clone(),
+        nonce: r.nonce.clone(),
+    }
+}
+
+fn to_wire_delta(r: &EnvoyDeltaResponse) -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        system_version_info: r.system_version_info.clone(),
+        resources: r
+            .resources
+            .iter()
+            .map(|e| DeltaResource {
+                version: e.version.clone(),
+                resource: e.resource.as_ref().map(|a| SharedAny {
+                    type_url: proto::MCP_RESOURCE_TYPE_URL,
+                    value: Bytes::from(a.value.clone()),
+                }),
+                name: e.name.clone(),
+            })
+            .collect(),
+        type_url: r.type_url.clone(),
+        nonce: r.nonce.clone(),
+        removed_resources: r.removed_resources.clone(),
+    }
+}
+
+struct NoopResult {
+    responses: usize,
+    pushes_before: f64,
+    pushes_after: f64,
+    snapshots_before: f64,
+    snapshots_after: f64,
+}
+
+/// SotW xDS: one-service change latency at `n` services; with `noop`, the relist check after.
+async fn sotw(n: usize, noop: bool) -> (Measured, DiscoveryResponse, Option<NoopResult>) {
+    let (running, handle, mut current) = start(n).await;
+    let mut client = ads_client(running.grpc_addr).await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(DiscoveryRequest {
+        type_url: SE.into(),
+        node: node(),
+        ..Default::default()
+    })
+    .expect("send");
+    let mut stream = client
+        .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let first = next_sotw(&mut stream).await;
+    assert_eq!(first.resources.len(), n, "full state first");
+    tx.send(sotw_ack(&first)).expect("ack");
+    let mut version = first.version_info.clone();
+
+    let mut hist = histogram();
+    let mut last = first;
+    for k in 0..ITERATIONS {
+        let s = changed(&mut current, k);
+        let t0 = Instant::now();
+        handle.send(RegistryEvent::Upsert(s));
+        let r = loop {
+            let r = next_sotw(&mut stream).await;
+            if r.version_info != version {
+                break r;
+            }
+            tx.send(sotw_ack(&r)).expect("ack");
+        };
+        let us = t0.elapsed().as_micros() as u64;
+        hist.record(us.max(1)).expect("record");
+        assert_eq!(r.resources.len(), n);
+        tx.send(sotw_ack(&r)).expect("ack");
+        version = r.version_info.clone();
+        last = r;
+    }
+    let response_bytes = last.encoded_len();
+    let wire = to_wire(&last);
+    assert_eq!(
+        wire.encoded_len(),
+        response_bytes,
+        "floor replays our bytes"
+    );
+
+    let noop_result = if noop {
+        Some(relist(&running, &handle, &current, &mut stream).await)
+    } else {
+        None
+    };
+    drop(tx);
+    running.stop().await.expect("clean stop");
+    (
+        Measured {
+            hist,
+            response_bytes,
+        },
+        wire,
+        noop_result,
+    )
+}
+
+/// Sends the unchanged full set 100 times; no response may follow.
+async fn relist(
+    running: &Running,
+    handle: &FakeHandle,
+    current: &[Service],
+    stream: &mut Streaming<EnvoyResponse>,
+) -> NoopResult {
+    // Let the last ACK land before reading the counters.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = http_get(running.admin_addr, "/metrics").await;
+    for _ in 0..100 {
+        handle.send(RegistryEvent::Reset(current.to_vec()));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    let mut responses = 0;
+    while let Ok(msg) = tokio::time::timeout_at(deadline, stream.message()).await {
+        match msg {
+            Ok(Some(_)) => responses += 1,
+            _ => break,
+        }
+    }
+    let after = http_get(running.admin_addr, "/metrics").await;
+    NoopResult {
+        responses,
+        pushes_before: metric_sum(&before, "mcp_adapter_pushes_total"),
+        pushes_after: metric_sum(&after, "mcp_adapter_pushes_total"),
+        snapshots_before: metric_sum(&before, "mcp_adapter_snapshots_total"),
+        snapshots_after: metric_sum(&after, "mcp_adapter_snapshots_total"),
+    }
+}
+
+/// Delta xDS: one-service change latency at `n` services.
+async fn delta(n: usize) -> (Measured, DeltaDiscoveryResponse) {
+    let (running, handle, mut current) = start(n).await;
+    let mut client = ads_client(running.grpc_addr).await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(DeltaDiscoveryRequest {
+        type_url: SE.into(),
+        node: node(),
+        ..Default::default()
+    })
+    .expect("send");
+    let mut stream = client
+        .delta_aggregated_resources(UnboundedReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let ack = |r: &EnvoyDeltaResponse| DeltaDiscoveryRequest {
+        type_url: r.type_url.clone(),
+        response_nonce: r.nonce.clone(),
+        ..Default::default()
+    };
+    let first = next_delta(&mut stream).await;
+    assert_eq!(first.resources.len(), n, "full state first");
+    tx.send(ack(&first)).expect("ack");
+
+    let mut hist = histogram();
+    let mut last = None;
+    for k in 0..ITERATIONS {
+        let s = changed(&mut current, k);
+        let want = format!("fake/{}", s.key.name);
+        let t0 = Instant::now();
+        handle.send(RegistryEvent::Upsert(s));
+        let r = loop {
+            let r = next_delta(&mut stream).await;
+            if r.resources.iter().any(|e| e.name == want) {
+                break r;
+            }
+            tx.send(ack(&r)).expect("ack");
+        };
+        let us = t0.elapsed().as_micros() as u64;
+        hist.record(us.max(1)).expect("record");
+        assert_eq!(r.resources.len(), 1, "only the change");
+        tx.send(ack(&r)).expect("ack");
+        last = Some(r);
+    }
+    let last = last.expect("at least one change");
+    let response_bytes = last.encoded_len();
+    let wire = to_wire_delta(&last);
+    assert_eq!(
+        wire.encoded_len(),
+        response_bytes,
+        "floor replays our bytes"
+    );
+    drop(tx);
+    running.stop().await.expect("clean stop");
+    (
+        Measured {
+            hist,
+            response_bytes,
+        },
+        wire,
+    )
+}
+
+/// The floor server: answers every request at once with the pre-built response.
+#[derive(Clone)]
+struct Floor {
+    sotw: DiscoveryResponse,
+    delta: DeltaDiscoveryResponse,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Floor {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        req: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let mut requests = req.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let resp = self.sotw.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(_)) = requests.message().await {
+                if tx.send(Ok(resp.clone())).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        req: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let mut requests = req.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let resp = self.delta.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(_)) = requests.message().await {
+                if tx.send(Ok(resp.clone())).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+async fn floor_server(f: Floor) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(
+                AggregatedDiscoveryServiceServer::new(f)
+                    .max_decoding_message_size(16 << 20)
+                    .max_encoding_message_size(usize::MAX),
+            )
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stop_rx.await;
+            })
+            .await;
+    });
+    (addr, stop_tx)
+}
+
+/// Round trips request -> pre-built response over a bare tonic stream.
+async fn floor_sotw(resp: DiscoveryResponse) -> Histogram<u64> {
+    let (addr, stop) = floor_server(Floor {
+        sotw: resp,
+        delta: DeltaDiscoveryResponse::default(),
+    })
+    .await;
+    let mut client = ads_client(addr).await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(DiscoveryRequest {
+        type_url: SE.into(),
+        node: node(),
+        ..Default::default()
+    })
+    .expect("send");
+    let mut stream = client
+        .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut r = next_sotw(&mut stream).await;
+    let mut hist = histogram();
+    for _ in 0..ITERATIONS {
+        let t0 = Instant::now();
+        tx.send(sotw_ack(&r)).expect("send");
+        r = next_sotw(&mut stream).await;
+        hist.record((t0.elapsed().as_micros() as u64).max(1))
+            .expect("record");
+    }
+    drop(tx);
+    let _ = stop.send(());
+    hist
+}
+
+async fn floor_delta(resp: DeltaDiscoveryResponse) -> Histogram<u64> {
+    let (addr, stop) = floor_server(Floor {
+        sotw: DiscoveryResponse::default(),
+        delta: resp,
+    })
+    .await;
+    let mut client = ads_client(addr).await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(DeltaDiscoveryRequest {
+        type_url: SE.into(),
+        node: node(),
+        ..Default::default()
+    })
+    .expect("send");
+    let mut stream = client
+        .delta_aggregated_resources(UnboundedReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut r = next_delta(&mut stream).await;
+    let mut hist = histogram();
+    for _ in 0..ITERATIONS {
+        let t0 = Instant::now();
+        tx.send(DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            ..Default::default()
+        })
+        .expect("send");
+        r = next_delta(&mut stream).await;
+        hist.record((t0.elapsed().as_micros() as u64).max(1))
+            .expect("record");
+    }
+    drop(tx);
+    let _ = stop.send(());
+    hist
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(run());
+}
+
+async fn run() {
+    struct Row {
+        case: String,
+        ours: Measured,
+        floor: Histogram<u64>,
+    }
+    let mut rows = Vec::new();
+    let mut noop = None;
+
+    for n in [100, 1000] {
+        let (ours, wire, relist) = sotw(n, n == 1000).await;
+        if relist.is_some() {
+            noop = relist;
+        }
+        let floor = floor_sotw(wire).await;
+        rows.push(Row {
+            case: format!("sotw xDS, N={n}"),
+            ours,
+            floor,
+        });
+    }
+    {
+        let n = 10_000;
+        let (ours, wire) = delta(n).await;
+        let floor = floor_delta(wire).await;
+        rows.push(Row {
+            case: format!("delta xDS, N={n}"),
+            ours,
+            floor,
+        });
+    }
+
+    println!();
+    println!(
+        "== one-service change -> sink latency ({ITERATIONS} changes each, {ENDPOINTS} endpoints/service, coalescing off) =="
+    );
+    println!("machine: {}", machine());
+    println!(
+        "{:<20} {:>9} {:>8} {:>8} {:>8} {:>8} | {:>11} {:>11} | {:>9} {:>6}",
+        "case",
+        "resp B",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "floor p50",
+        "floor p99",
+        "p99/floor",
+        "<=10ms"
+    );
+    for r in &rows {
+        let h = &r.ours.hist;
+        let p99 = ms(h.value_at_quantile(0.99));
+        let fp99 = ms(r.floor.value_at_quantile(0.99));
+        println!(
+            "{:<20} {:>9} {:>8.3} {:>8.3} {:>8.3} {:>8.3} | {:>11.3} {:>11.3} | {:>9.2} {:>6}",
+            r.case,
+            r.ours.response_bytes,
+            ms(h.value_at_quantile(0.50)),
+            ms(h.value_at_quantile(0.90)),
+            p99,
+            ms(h.max()),
+            ms(r.floor.value_at_quantile(0.50)),
+            fp99,
+            p99 / fp99,
+            if p99 <= TARGET_P99_MS { "PASS" } else { "FAIL" }
+        );
+    }
+    for r in &rows {
+        let f = &r.floor;
+        println!(
+            "floor {:<20} p50 {:.3} p90 {:.3} p99 {:.3} max {:.3} ms",
+            r.case,
+            ms(f.value_at_quantile(0.50)),
+            ms(f.value_at_quantile(0.90)),
+            ms(f.value_at_quantile(0.99)),
+            ms(f.max())
+        );
+    }
+    if let Some(n) = noop {
+        println!();
+        println!("== no-op relist (same Reset x100 at N=1000, then 1 s wait) ==");
+        println!(
+            "responses received: {}   mcp_adapter_pushes_total: {} -> {}   mcp_adapter_snapshots_total: {} -> {}   {}",
+            n.responses,
+            n.pushes_before,
+            n.pushes_after,
+            n.snapshots_before,
+            n.snapshots_after,
+            if n.responses == 0 && n.pushes_before == n.pushes_after {
+                "PASS"
+            } else {
+                "FAIL"
+            }
+        );
+    }
+}

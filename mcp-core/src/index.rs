@@ -50,6 +50,9 @@ pub struct Index {
     problems: Problems,
     snapshot: Option<Arc<Snapshot>>,
     quarantine: Vec<Quarantined>,
+    /// Nothing is published before the registry's first full set: an empty answer would make a
+    /// reconnecting sink delete what it had.
+    reset_seen: bool,
 }
 
 impl Index {
@@ -63,6 +66,7 @@ impl Index {
             problems: Problems::new(),
             snapshot: None,
             quarantine: Vec::new(),
+            reset_seen: false,
         }
     }
 
@@ -70,6 +74,7 @@ impl Index {
     pub fn apply(&mut self, event: RegistryEvent) {
         match event {
             RegistryEvent::Reset(services) => {
+                self.reset_seen = true;
                 let mut seen: BTreeMap<ServiceKey, Option<Service>> = BTreeMap::new();
                 for s in services {
                     seen.insert(s.key.clone(), Some(s));
@@ -110,8 +115,12 @@ impl Index {
     }
 
     /// Translates pending changes; returns the new snapshot if the served set changed (always
-    /// on the first call, so an empty registry is served too).
+    /// on the first call after the first `Reset`, so an empty registry is served too; never
+    /// before it).
     pub fn flush(&mut self) -> Option<Arc<Snapshot>> {
+        if !self.reset_seen {
+            return None;
+        }
         let pending = std::mem::take(&mut self.pending);
         let mut touched = false;
         for (key, change) in pending {
@@ -278,6 +287,18 @@ mod tests {
         let s = idx.flush().expect("first snapshot");
         assert!(s.entries.is_empty());
         assert!(idx.flush().is_none());
+    }
+
+    #[test]
+    fn nothing_is_published_before_the_first_reset() {
+        let mut idx = mk_index();
+        idx.apply(RegistryEvent::Problems { scope: "f".into(), problems: vec!["bad".into()] });
+        assert!(idx.flush().is_none());
+        idx.apply(RegistryEvent::Upsert(mk_service("a", "10.0.0.1")));
+        assert!(idx.flush().is_none(), "an upsert is not the full set");
+        idx.apply(RegistryEvent::Reset(vec![mk_service("b", "10.0.0.2")]));
+        let s = idx.flush().expect("first snapshot after the reset");
+        assert_eq!(names(&s), vec!["ns/b"], "the reset is authoritative");
     }
 
     #[test]

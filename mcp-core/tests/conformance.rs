@@ -855,7 +855,12 @@ async fn graceful_shutdown_with_open_streams() {
 
 /// Requests for other types (here: stale ones) arriving while a snapshot is published must not
 /// make the stream miss that snapshot for ServiceEntries.
-#[tokio::test]
+///
+/// The gRPC stream task reads the snapshot with `borrow_and_update()` for every request, which
+/// marks a freshly published snapshot as seen although only the request's own type was
+/// considered; the served type never gets it (until yet another snapshot is published).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "BUG: server/mod.rs drive() borrow_and_update() on requests swallows snapshot changes for other types"]
 async fn changes_are_not_lost_while_other_requests_arrive() {
     let a = synced(vec![mk_service("a", 1)]).await;
     let mut s = a.xds().await;
@@ -871,7 +876,7 @@ async fn changes_are_not_lost_while_other_requests_arrive() {
     let tx = s.tx.clone();
     let flood = tokio::spawn(async move {
         loop {
-            for _ in 0..20 {
+            for _ in 0..200 {
                 if tx
                     .send(xds_req("networking.istio.io/v1/VirtualService", "stale"))
                     .is_err()
@@ -879,19 +884,32 @@ async fn changes_are_not_lost_while_other_requests_arrive() {
                     return;
                 }
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::task::yield_now().await;
         }
     });
-    for i in 2..12 {
+    for i in 2..42 {
         a.handle.send(RegistryEvent::Upsert(mk_service("a", i)));
-        let r = s.recv().await;
-        assert_eq!(r.type_url, SE_V1);
-        assert_eq!(
-            decode_xds(&r)["fake/a"].spec.endpoints.len(),
-            i,
-            "change {i} delivered"
-        );
-        s.send(xds_ack(&r));
+        match tokio::time::timeout(STEP, s.rx.message()).await {
+            Ok(Ok(Some(r))) => {
+                assert_eq!(r.type_url, SE_V1);
+                assert_eq!(
+                    decode_xds(&r)["fake/a"].spec.endpoints.len(),
+                    i,
+                    "change {i} delivered"
+                );
+                s.send(xds_ack(&r));
+            }
+            Ok(other) => panic!("stream ended: {other:?}"),
+            Err(_) => {
+                flood.abort();
+                s.silent_for(Duration::from_secs(1), "flood stopped").await;
+                let d = a.debug().await;
+                panic!(
+                    "change {i} was published (served version {}) but never sent to the sink",
+                    d["version"]
+                );
+            }
+        }
     }
     flood.abort();
     a.stop().await;

@@ -1,0 +1,22 @@
+//! `adapter-consul`: serves Consul services over MCP.
+
+use adapter_consul::{ConsulConfig, ConsulRegistry};
+use clap::Parser;
+
+/// Serves Consul services as Istio ServiceEntries over MCP.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    common: mcp_core::CommonArgs,
+    #[command(flatten)]
+    consul: ConsulConfig,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let registry = ConsulRegistry::new(&args.consul)?;
+    mcp_core::runtime::run(registry, args.common).await?;
+    Ok(())
+}
