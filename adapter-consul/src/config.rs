@@ -88,10 +88,10 @@ pub struct ConsulConfig {
     pub host_datacenter: bool,
 
     /// Longest a blocking query waits for a change (Consul caps it at 10m).
-    #[arg(long, env = "MCP_CONSUL_WAIT", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long = "consul-wait", env = "MCP_CONSUL_WAIT", default_value = "5m", value_parser = parse_duration)]
     pub wait: Duration,
 
     /// How many services are fetched at once when (re)listing.
-    #[arg(long, env = "MCP_CONSUL_CONCURRENCY", default_value_t = 32)]
+    #[arg(long = "consul-concurrency", env = "MCP_CONSUL_CONCURRENCY", default_value_t = 32)]
     pub concurrency: usize,
 }

@@ -21,10 +21,14 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DiscoveryResponse as EnvoyResponse,
 };
 use hdrhistogram::Histogram;
+use mcp_core::index::Index;
+use mcp_core::metrics::Metrics;
 use mcp_core::model::Service;
 use mcp_core::registry::RegistryEvent;
 use mcp_core::runtime::{self, Running};
+use mcp_core::server::engine::{Engine, Incremental, Names, Request as EngineRequest};
 use mcp_core::testing::{fake_registry, test_args, FakeHandle};
+use mcp_core::translate::TranslateConfig;
 use prost::Message;
 use proto::server::ads::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -355,33 +359,55 @@ impl AggregatedDiscoveryService for Floor {
     }
 }
 
-async fn floor_server(f: Floor) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+/// How the floor server accepts connections.
+#[derive(Clone, Copy, PartialEq)]
+enum Accept {
+    /// tonic's own `TcpIncoming` with TCP_NODELAY (what `Server::serve` does): the real floor.
+    NoDelay,
+    /// `TcpListenerStream`, as `mcp_core::server::serve` does: Nagle stays on.
+    ListenerStream,
+}
+
+async fn floor_server(f: Floor, accept: Accept) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_service(
-                AggregatedDiscoveryServiceServer::new(f)
-                    .max_decoding_message_size(16 << 20)
-                    .max_encoding_message_size(usize::MAX),
-            )
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stop_rx.await;
-            })
-            .await;
+        let router = tonic::transport::Server::builder().add_service(
+            AggregatedDiscoveryServiceServer::new(f)
+                .max_decoding_message_size(16 << 20)
+                .max_encoding_message_size(usize::MAX),
+        );
+        let stop = async {
+            let _ = stop_rx.await;
+        };
+        let _ = match accept {
+            Accept::NoDelay => {
+                let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                    .with_nodelay(Some(true));
+                router.serve_with_incoming_shutdown(incoming, stop).await
+            }
+            Accept::ListenerStream => {
+                router
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
+                    .await
+            }
+        };
     });
     (addr, stop_tx)
 }
 
 /// Round trips request -> pre-built response over a bare tonic stream.
-async fn floor_sotw(resp: DiscoveryResponse) -> Histogram<u64> {
-    let (addr, stop) = floor_server(Floor {
-        sotw: resp,
-        delta: DeltaDiscoveryResponse::default(),
-    })
+async fn floor_sotw(resp: DiscoveryResponse, accept: Accept) -> Histogram<u64> {
+    let (addr, stop) = floor_server(
+        Floor {
+            sotw: resp,
+            delta: DeltaDiscoveryResponse::default(),
+        },
+        accept,
+    )
     .await;
     let mut client = ads_client(addr).await;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -410,11 +436,14 @@ async fn floor_sotw(resp: DiscoveryResponse) -> Histogram<u64> {
     hist
 }
 
-async fn floor_delta(resp: DeltaDiscoveryResponse) -> Histogram<u64> {
-    let (addr, stop) = floor_server(Floor {
-        sotw: DiscoveryResponse::default(),
-        delta: resp,
-    })
+async fn floor_delta(resp: DeltaDiscoveryResponse, accept: Accept) -> Histogram<u64> {
+    let (addr, stop) = floor_server(
+        Floor {
+            sotw: DiscoveryResponse::default(),
+            delta: resp,
+        },
+        accept,
+    )
     .await;
     let mut client = ads_client(addr).await;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -460,11 +489,78 @@ fn main() {
     rt.block_on(run());
 }
 
+/// In-process cost of one change at `n` services, without any network: `Index` upsert + flush
+/// (translate, encode, snapshot build) and the delta stream engine's diff.
+fn breakdown(n: usize) -> (Histogram<u64>, Histogram<u64>, Histogram<u64>) {
+    let mut idx = Index::new(
+        TranslateConfig {
+            namespace: "fake".into(),
+            host_suffix: "fake.local".into(),
+            export_to: vec![],
+            registry: "fake".into(),
+            source: "fake".into(),
+        },
+        Metrics::new("bench").expect("metrics"),
+    );
+    let mut current = services(n, ENDPOINTS);
+    idx.apply(RegistryEvent::Reset(current.clone()));
+    let mut snap = idx.flush().expect("first");
+    let mut sotw = Engine::new(Incremental::Never, |t| t == SE);
+    let mut delta = Engine::new(Incremental::Always, |t| t == SE);
+    let req = |nonce: &str, incremental: bool| EngineRequest {
+        type_key: SE.into(),
+        nonce: nonce.into(),
+        error: None,
+        incremental,
+        initial_versions: Default::default(),
+        names: if incremental {
+            Names::Delta {
+                subscribe: vec![],
+                unsubscribe: vec![],
+            }
+        } else {
+            Names::Replace(vec![])
+        },
+    };
+    let mut sotw_nonce = sotw.on_request(req("", false), Some(&snap)).1.expect("full").nonce;
+    let mut delta_nonce = delta.on_request(req("", true), Some(&snap)).1.expect("full").nonce;
+    let (mut h_flush, mut h_sotw, mut h_delta) = (histogram(), histogram(), histogram());
+    for k in 0..ITERATIONS {
+        sotw.on_request(req(&sotw_nonce, false), Some(&snap));
+        delta.on_request(req(&delta_nonce, true), Some(&snap));
+        idx.apply(RegistryEvent::Upsert(changed(&mut current, k)));
+        let t = Instant::now();
+        snap = idx.flush().expect("changed");
+        h_flush.record((t.elapsed().as_micros() as u64).max(1)).expect("record");
+        let t = Instant::now();
+        let out = sotw.on_snapshot(&snap).pop().expect("sotw push");
+        h_sotw.record((t.elapsed().as_micros() as u64).max(1)).expect("record");
+        sotw_nonce = out.nonce;
+        let t = Instant::now();
+        let out = delta.on_snapshot(&snap).pop().expect("delta push");
+        h_delta.record((t.elapsed().as_micros() as u64).max(1)).expect("record");
+        assert_eq!(out.resources.len(), 1);
+        delta_nonce = out.nonce;
+    }
+    (h_flush, h_sotw, h_delta)
+}
+
+fn pct(h: &Histogram<u64>) -> String {
+    format!(
+        "p50 {:.3} p90 {:.3} p99 {:.3} max {:.3} ms",
+        ms(h.value_at_quantile(0.50)),
+        ms(h.value_at_quantile(0.90)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.max())
+    )
+}
+
 async fn run() {
     struct Row {
         case: String,
         ours: Measured,
         floor: Histogram<u64>,
+        floor_nagle: Histogram<u64>,
     }
     let mut rows = Vec::new();
     let mut noop = None;
@@ -474,31 +570,40 @@ async fn run() {
         if relist.is_some() {
             noop = relist;
         }
-        let floor = floor_sotw(wire).await;
+        let floor = floor_sotw(wire.clone(), Accept::NoDelay).await;
+        let floor_nagle = floor_sotw(wire, Accept::ListenerStream).await;
         rows.push(Row {
             case: format!("sotw xDS, N={n}"),
             ours,
             floor,
+            floor_nagle,
         });
     }
     {
         let n = 10_000;
         let (ours, wire) = delta(n).await;
-        let floor = floor_delta(wire).await;
+        let floor = floor_delta(wire.clone(), Accept::NoDelay).await;
+        let floor_nagle = floor_delta(wire, Accept::ListenerStream).await;
         rows.push(Row {
             case: format!("delta xDS, N={n}"),
             ours,
             floor,
+            floor_nagle,
         });
     }
+    let breakdowns: Vec<_> = [1000, 10_000]
+        .into_iter()
+        .map(|n| (n, breakdown(n)))
+        .collect();
 
     println!();
     println!(
         "== one-service change -> sink latency ({ITERATIONS} changes each, {ENDPOINTS} endpoints/service, coalescing off) =="
     );
     println!("machine: {}", machine());
+    println!("floor = bare tonic ADS server (TCP_NODELAY, as tonic's Server::serve) replaying our exact response bytes per request");
     println!(
-        "{:<20} {:>9} {:>8} {:>8} {:>8} {:>8} | {:>11} {:>11} | {:>9} {:>6}",
+        "{:<18} {:>8} {:>8} {:>8} {:>8} {:>8} | {:>9} {:>9} | {:>9} {:>6}",
         "case",
         "resp B",
         "p50 ms",
@@ -515,7 +620,7 @@ async fn run() {
         let p99 = ms(h.value_at_quantile(0.99));
         let fp99 = ms(r.floor.value_at_quantile(0.99));
         println!(
-            "{:<20} {:>9} {:>8.3} {:>8.3} {:>8.3} {:>8.3} | {:>11.3} {:>11.3} | {:>9.2} {:>6}",
+            "{:<18} {:>8} {:>8.3} {:>8.3} {:>8.3} {:>8.3} | {:>9.3} {:>9.3} | {:>9.2} {:>6}",
             r.case,
             r.ours.response_bytes,
             ms(h.value_at_quantile(0.50)),
@@ -529,15 +634,19 @@ async fn run() {
         );
     }
     for r in &rows {
-        let f = &r.floor;
+        println!("floor (TCP_NODELAY)      {:<18} {}", r.case, pct(&r.floor));
         println!(
-            "floor {:<20} p50 {:.3} p90 {:.3} p99 {:.3} max {:.3} ms",
+            "floor (TcpListenerStream) {:<17} {}",
             r.case,
-            ms(f.value_at_quantile(0.50)),
-            ms(f.value_at_quantile(0.90)),
-            ms(f.value_at_quantile(0.99)),
-            ms(f.max())
+            pct(&r.floor_nagle)
         );
+    }
+    println!();
+    println!("== in-process breakdown of one change (no network) ==");
+    for (n, (flush, sotw, delta)) in &breakdowns {
+        println!("N={n:<6} Index upsert+flush        {}", pct(flush));
+        println!("N={n:<6} Engine::on_snapshot sotw  {}", pct(sotw));
+        println!("N={n:<6} Engine::on_snapshot delta {}", pct(delta));
     }
     if let Some(n) = noop {
         println!();

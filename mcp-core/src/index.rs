@@ -292,7 +292,10 @@ mod tests {
     #[test]
     fn nothing_is_published_before_the_first_reset() {
         let mut idx = mk_index();
-        idx.apply(RegistryEvent::Problems { scope: "f".into(), problems: vec!["bad".into()] });
+        idx.apply(RegistryEvent::Problems {
+            scope: "f".into(),
+            problems: vec!["bad".into()],
+        });
         assert!(idx.flush().is_none());
         idx.apply(RegistryEvent::Upsert(mk_service("a", "10.0.0.1")));
         assert!(idx.flush().is_none(), "an upsert is not the full set");

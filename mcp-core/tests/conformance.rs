@@ -914,3 +914,31 @@ async fn changes_are_not_lost_while_other_requests_arrive() {
     flood.abort();
     a.stop().await;
 }
+
+#[tokio::test]
+async fn a_service_turning_invalid_keeps_its_last_good_version() {
+    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
+    let mut s = a.xds().await;
+    s.send(xds_req(SE_V1, ""));
+    let r1 = s.recv().await;
+    s.send(xds_ack(&r1));
+
+    let mut bad = mk_service("a", 5);
+    bad.ports[0].name = "Not_Valid".into();
+    a.handle.send(RegistryEvent::Upsert(bad));
+    s.silent("the served set did not change").await;
+    let d = a.debug().await;
+    let q = d["quarantined"].as_array().expect("quarantined");
+    assert_eq!(q.len(), 1, "{d}");
+    assert_eq!(q[0]["key"], "a");
+    assert_eq!(q[0]["serving_last_good"], true, "{d}");
+    assert_eq!(d["resources"].as_array().map(Vec::len), Some(2), "{d}");
+
+    // Valid again: served, and out of quarantine.
+    a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
+    let r2 = s.recv().await;
+    assert_eq!(decode_xds(&r2)["fake/a"].spec.endpoints.len(), 2);
+    let d = a.debug().await;
+    assert_eq!(d["quarantined"].as_array().map(Vec::len), Some(0), "{d}");
+    a.stop().await;
+}

@@ -4,6 +4,8 @@
 //! Binaries are found next to the test executable (`target/<profile>/`), which `cargo test
 //! --workspace` builds; the Istio peers in `$ADSC_WATCH_DIR` (default `target/adsc`).
 
+pub mod consul;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -40,9 +42,20 @@ pub fn free_addr() -> SocketAddr {
 
 /// Minimal HTTP GET: (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    http(addr, "GET", path, &[], "")
+}
+
+/// Minimal HTTP/1.0 request: (status, body).
+pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n")?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: test\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes())?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
     let status = buf
@@ -87,6 +100,11 @@ impl Adapter {
     /// Starts `binary` with `args` plus `--listen`/`--admin-listen` on free ports; waits until
     /// the admin port answers.
     pub fn start(binary: &str, args: &[&str]) -> Adapter {
+        Self::start_with_env(binary, args, &[])
+    }
+
+    /// [`Adapter::start`] with extra environment variables.
+    pub fn start_with_env(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Adapter {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("adapter.log");
         let grpc = free_addr();
@@ -98,6 +116,7 @@ impl Adapter {
             .arg("--admin-listen")
             .arg(admin.to_string())
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
@@ -282,4 +301,38 @@ pub fn item<'a>(items: &'a [serde_json::Value], ns_name: &str) -> Option<&'a ser
             i["name"].as_str().unwrap_or("")
         ) == ns_name
     })
+}
+
+/// `mcpctl get serviceentries -o json` against `server` (`xds://...`): the items.
+pub fn mcpctl_get(server: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(workspace_bin("mcpctl"))
+        .args(["get", "serviceentries", "--server", server, "-o", "json", "--timeout", "5s"])
+        .output()
+        .expect("run mcpctl");
+    assert!(
+        out.status.success(),
+        "mcpctl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("mcpctl JSON");
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// `namespace/name` of mcpctl items.
+pub fn item_names(items: &[serde_json::Value]) -> Vec<String> {
+    items
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["metadata"]["namespace"].as_str().unwrap_or(""),
+                i["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+/// The mcpctl item named `name` (short name).
+pub fn find<'a>(items: &'a [serde_json::Value], name: &str) -> Option<&'a serde_json::Value> {
+    items.iter().find(|i| i["metadata"]["name"] == name)
 }

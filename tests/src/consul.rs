@@ -1,0 +1,155 @@
+//! A real Consul agent (`consul agent -dev`) on free loopback ports, built by
+//! `tests/consul/build.sh` into `$CONSUL_BIN_DIR` (default `target/consul`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{free_addr, http, target_dir, wait_for};
+
+/// Directory of the consul binary.
+pub fn consul_bin() -> PathBuf {
+    let dir = std::env::var_os("CONSUL_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().parent().map(|t| t.join("consul")).unwrap_or_default());
+    let bin = dir.join("consul");
+    assert!(
+        bin.exists(),
+        "{} missing: build it with tests/consul/build.sh {} (the README's test command does)",
+        bin.display(),
+        dir.display()
+    );
+    bin
+}
+
+/// A running dev-mode Consul agent, killed on drop.
+pub struct Consul {
+    child: Option<Child>,
+    /// HTTP API address.
+    pub http: SocketAddr,
+    ports: [u16; 4],
+    hcl: Option<String>,
+    dir: tempfile::TempDir,
+    /// Token sent with every request (`root` when ACLs are on).
+    pub token: Option<String>,
+}
+
+impl Consul {
+    /// Starts an agent; `hcl` adds configuration (e.g. ACLs).
+    pub fn start(hcl: Option<&str>) -> Consul {
+        let mut c = Consul {
+            child: None,
+            http: free_addr(),
+            ports: [free_addr().port(), free_addr().port(), free_addr().port(), free_addr().port()],
+            hcl: hcl.map(str::to_string),
+            dir: tempfile::tempdir().expect("tempdir"),
+            token: hcl.filter(|h| h.contains("initial_management")).map(|_| "root".to_string()),
+        };
+        c.spawn();
+        c
+    }
+
+    fn spawn(&mut self) {
+        let [lan, wan, server, _] = self.ports;
+        let mut cmd = Command::new(consul_bin());
+        cmd.args(["agent", "-dev", "-node=test", "-bind=127.0.0.1", "-client=127.0.0.1", "-log-level=warn"])
+            .arg(format!("-http-port={}", self.http.port()))
+            .args(["-dns-port=-1", "-grpc-port=-1", "-grpc-tls-port=-1"])
+            .arg(format!("-serf-lan-port={lan}"))
+            .arg(format!("-serf-wan-port={wan}"))
+            .arg(format!("-server-port={server}"))
+            .arg(format!("-data-dir={}", self.dir.path().display()));
+        if let Some(h) = &self.hcl {
+            cmd.arg("-hcl").arg(h);
+        }
+        let log = std::fs::File::create(self.dir.path().join("consul.log")).expect("log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn consul");
+        self.child = Some(child);
+        let addr = self.http;
+        wait_for(Duration::from_secs(60), "consul leader", || {
+            http(addr, "GET", "/v1/status/leader", &[], "")
+                .ok()
+                .filter(|(s, b)| *s == 200 && b.trim().len() > 2)
+        });
+        // The catalog answers once the leader has set itself up.
+        wait_for(Duration::from_secs(30), "consul catalog", || {
+            self.request("GET", "/v1/catalog/services", "").ok().filter(|(s, _)| *s == 200)
+        });
+    }
+
+    /// Kills the agent (dev mode keeps nothing: a restart starts empty, with fresh indexes).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same ports.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// An API request with the agent's token.
+    pub fn request(&self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+        match &self.token {
+            Some(t) => http(self.http, method, path, &[("X-Consul-Token", t)], body),
+            None => http(self.http, method, path, &[], body),
+        }
+    }
+
+    /// An API request that must succeed; returns the body.
+    pub fn must(&self, method: &str, path: &str, body: &str) -> String {
+        let (status, resp) = self.request(method, path, body).expect("consul request");
+        assert_eq!(status, 200, "{method} {path} {body}: {resp}");
+        resp
+    }
+
+    /// Registers an instance on an external node through the catalog, with one check.
+    #[allow(clippy::too_many_arguments)]
+    pub fn register(&self, node: &str, service: &str, id: &str, address: &str, port: u16, tags: &[&str], meta: &[(&str, &str)], status: &str) {
+        let body = serde_json::json!({
+            "Node": node,
+            "Address": "10.255.0.1",
+            "Service": {
+                "ID": id, "Service": service, "Tags": tags, "Address": address, "Port": port,
+                "Meta": meta.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect::<serde_json::Map<_, _>>(),
+            },
+            "Check": {"CheckID": format!("{id}-check"), "Name": id, "Status": status, "ServiceID": id},
+        });
+        self.must("PUT", "/v1/catalog/register", &body.to_string());
+    }
+
+    /// Removes an instance.
+    pub fn deregister(&self, node: &str, id: &str) {
+        let body = serde_json::json!({"Node": node, "ServiceID": id});
+        self.must("PUT", "/v1/catalog/deregister", &body.to_string());
+    }
+
+    /// Sets an instance's check status.
+    pub fn set_check(&self, node: &str, id: &str, status: &str) {
+        let body = serde_json::json!({
+            "Node": node, "Address": "10.255.0.1", "SkipNodeUpdate": true,
+            "Check": {"CheckID": format!("{id}-check"), "Name": id, "Status": status, "ServiceID": id},
+        });
+        self.must("PUT", "/v1/catalog/register", &body.to_string());
+    }
+
+    /// `--consul-addr` for adapters.
+    pub fn addr(&self) -> String {
+        format!("http://{}", self.http)
+    }
+}
+
+impl Drop for Consul {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
