@@ -88,7 +88,8 @@ pub struct ConsulClient {
 }
 
 fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, ConsulError> {
-    std::fs::read(path).map_err(|e| ConsulError::Config(format!("reading {what} {}: {e}", path.display())))
+    std::fs::read(path)
+        .map_err(|e| ConsulError::Config(format!("reading {what} {}: {e}", path.display())))
 }
 
 impl ConsulClient {
@@ -101,7 +102,11 @@ impl ConsulClient {
         let url = reqwest::Url::parse(&base)
             .map_err(|e| ConsulError::Config(format!("--consul-addr {:?}: {e}", cfg.addr)))?;
         let token = match (&cfg.token_file, token) {
-            (Some(f), _) => Some(String::from_utf8_lossy(&read(f, "token file")?).trim().to_string()),
+            (Some(f), _) => Some(
+                String::from_utf8_lossy(&read(f, "token file")?)
+                    .trim()
+                    .to_string(),
+            ),
             (None, t) => t.filter(|t| !t.is_empty()),
         };
         let wait = cfg.wait.min(Duration::from_secs(600));
@@ -120,8 +125,9 @@ impl ConsulClient {
             let mut pem = read(cert, "client certificate")?;
             pem.push(b'\n');
             pem.extend(read(key, "client key")?);
-            let id = reqwest::Identity::from_pem(&pem)
-                .map_err(|e| ConsulError::Config(format!("client certificate {}: {e}", cert.display())))?;
+            let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                ConsulError::Config(format!("client certificate {}: {e}", cert.display()))
+            })?;
             builder = builder.identity(id);
         }
         if let Some(name) = &cfg.tls_server_name {
@@ -135,8 +141,9 @@ impl ConsulClient {
                 .ok_or_else(|| ConsulError::Config(format!("cannot resolve {host}")))?;
             builder = builder.resolve(name, addr);
             let mut u = url.clone();
-            u.set_host(Some(name))
-                .map_err(|e| ConsulError::Config(format!("--consul-tls-server-name {name:?}: {e}")))?;
+            u.set_host(Some(name)).map_err(|e| {
+                ConsulError::Config(format!("--consul-tls-server-name {name:?}: {e}"))
+            })?;
             base = u.as_str().trim_end_matches('/').to_string();
         }
         let http = builder
@@ -158,7 +165,11 @@ impl ConsulClient {
         &self.base
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str, index: Option<u64>) -> Result<Indexed<T>, ConsulError> {
+    async fn get<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        index: Option<u64>,
+    ) -> Result<Indexed<T>, ConsulError> {
         let mut query: Vec<(&str, String)> = Vec::new();
         if let Some(dc) = &self.datacenter {
             query.push(("dc", dc.clone()));
@@ -214,12 +225,19 @@ impl ConsulClient {
     }
 
     /// `/v1/catalog/services`: service name -> tags.
-    pub async fn services(&self, index: Option<u64>) -> Result<Indexed<BTreeMap<String, Vec<String>>>, ConsulError> {
+    pub async fn services(
+        &self,
+        index: Option<u64>,
+    ) -> Result<Indexed<BTreeMap<String, Vec<String>>>, ConsulError> {
         self.get("/v1/catalog/services", index).await
     }
 
     /// `/v1/health/service/:name`: instances with node and checks.
-    pub async fn health(&self, name: &str, index: Option<u64>) -> Result<Indexed<Vec<HealthEntry>>, ConsulError> {
+    pub async fn health(
+        &self,
+        name: &str,
+        index: Option<u64>,
+    ) -> Result<Indexed<Vec<HealthEntry>>, ConsulError> {
         let path = format!("/v1/health/service/{}", encode_path(name));
         self.get(&path, index).await
     }

@@ -24,7 +24,11 @@ pub enum OnEmpty {
 #[derive(Clone, Debug, clap::Args)]
 pub struct ConsulConfig {
     /// Consul HTTP API address (`http://host:8500` or `https://host:8501`).
-    #[arg(long = "consul-addr", env = "CONSUL_HTTP_ADDR", default_value = "http://127.0.0.1:8500")]
+    #[arg(
+        long = "consul-addr",
+        env = "CONSUL_HTTP_ADDR",
+        default_value = "http://127.0.0.1:8500"
+    )]
     pub addr: String,
 
     /// File holding the ACL token (the token itself may also come from CONSUL_HTTP_TOKEN).
@@ -40,11 +44,19 @@ pub struct ConsulConfig {
     pub ca: Option<PathBuf>,
 
     /// Client certificate for Consul (`verify_incoming`).
-    #[arg(long = "consul-client-cert", env = "CONSUL_CLIENT_CERT", requires = "client_key")]
+    #[arg(
+        long = "consul-client-cert",
+        env = "CONSUL_CLIENT_CERT",
+        requires = "client_key"
+    )]
     pub client_cert: Option<PathBuf>,
 
     /// Key of the client certificate.
-    #[arg(long = "consul-client-key", env = "CONSUL_CLIENT_KEY", requires = "client_cert")]
+    #[arg(
+        long = "consul-client-key",
+        env = "CONSUL_CLIENT_KEY",
+        requires = "client_cert"
+    )]
     pub client_key: Option<PathBuf>,
 
     /// Server name to verify in Consul's certificate (when the address is an IP).
@@ -72,7 +84,11 @@ pub struct ConsulConfig {
     pub services: Vec<String>,
 
     /// Never these services (names or globs).
-    #[arg(long = "exclude-service", env = "MCP_CONSUL_EXCLUDE_SERVICES", value_delimiter = ',')]
+    #[arg(
+        long = "exclude-service",
+        env = "MCP_CONSUL_EXCLUDE_SERVICES",
+        value_delimiter = ','
+    )]
     pub exclude_services: Vec<String>,
 
     /// Only instances carrying all of these tags.
@@ -92,6 +108,10 @@ pub struct ConsulConfig {
     pub wait: Duration,
 
     /// How many services are fetched at once when (re)listing.
-    #[arg(long = "consul-concurrency", env = "MCP_CONSUL_CONCURRENCY", default_value_t = 32)]
+    #[arg(
+        long = "consul-concurrency",
+        env = "MCP_CONSUL_CONCURRENCY",
+        default_value_t = 32
+    )]
     pub concurrency: usize,
 }

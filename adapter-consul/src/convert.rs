@@ -193,14 +193,26 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
     let mut usable = Vec::new();
     for e in &instances {
         let inst = &e.service;
-        let what = format!("consul service {name} instance {} on node {}", inst.id, e.node.node);
+        let what = format!(
+            "consul service {name} instance {} on node {}",
+            inst.id, e.node.node
+        );
         if inst.port == 0 || inst.port > 65535 {
-            problems.push(format!("{what}: port {} is not in 1-65535; instance skipped", inst.port));
+            problems.push(format!(
+                "{what}: port {} is not in 1-65535; instance skipped",
+                inst.port
+            ));
             continue;
         }
-        let address = if inst.address.is_empty() { &e.node.address } else { &inst.address };
+        let address = if inst.address.is_empty() {
+            &e.node.address
+        } else {
+            &inst.address
+        };
         if address.parse::<IpAddr>().is_err() {
-            problems.push(format!("{what}: address {address:?} is not an IP address; instance skipped"));
+            problems.push(format!(
+                "{what}: address {address:?} is not an IP address; instance skipped"
+            ));
             continue;
         }
         let meta_protocol = inst.meta.as_ref().and_then(|m| m.get("protocol"));
@@ -217,7 +229,10 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
                 }
             },
         };
-        port_protocols.entry(inst.port).or_default().insert(protocol);
+        port_protocols
+            .entry(inst.port)
+            .or_default()
+            .insert(protocol);
         usable.push((*e, address.clone()));
     }
     let mut ports = Vec::new();
@@ -244,7 +259,11 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
     let mut datacenter = String::new();
     for (e, address) in &usable {
         let inst = &e.service;
-        external |= inst.meta.as_ref().and_then(|m| m.get("external")).is_some_and(|v| truthy(v));
+        external |= inst
+            .meta
+            .as_ref()
+            .and_then(|m| m.get("external"))
+            .is_some_and(|v| truthy(v));
         if datacenter.is_empty() {
             datacenter.clone_from(&e.node.datacenter);
         }
@@ -267,7 +286,9 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
             labels: labels(inst),
             network: None,
             locality: (!e.node.datacenter.is_empty()).then(|| e.node.datacenter.clone()),
-            weight: weight.filter(|w| *w > 0).and_then(|w| u32::try_from(w).ok()),
+            weight: weight
+                .filter(|w| *w > 0)
+                .and_then(|w| u32::try_from(w).ok()),
             service_account: None,
         });
     }
@@ -288,10 +309,18 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
     }
     service.ports = ports;
     service.endpoints = endpoints;
-    service.location = if external { Location::External } else { Location::Internal };
-    service.annotations.insert("consul.hashicorp.com/service-name".into(), name.to_string());
+    service.location = if external {
+        Location::External
+    } else {
+        Location::Internal
+    };
+    service
+        .annotations
+        .insert("consul.hashicorp.com/service-name".into(), name.to_string());
     if !datacenter.is_empty() {
-        service.annotations.insert("consul.hashicorp.com/datacenter".into(), datacenter);
+        service
+            .annotations
+            .insert("consul.hashicorp.com/datacenter".into(), datacenter);
     }
     Converted {
         service: Some(service),
@@ -351,16 +380,33 @@ mod tests {
                 address: addr.into(),
                 meta: Some([("protocol".to_string(), "http".to_string())].into()),
                 port,
-                weights: Some(Weights { passing: 3, warning: 1 }),
+                weights: Some(Weights {
+                    passing: 3,
+                    warning: 1,
+                }),
                 kind: None,
             },
-            checks: vec![Check { status: "passing".into() }, Check { status: status.into() }],
+            checks: vec![
+                Check {
+                    status: "passing".into(),
+                },
+                Check {
+                    status: status.into(),
+                },
+            ],
         }
     }
 
     #[test]
     fn converts_like_istio_did() {
-        let c = convert("web", &[mk_entry("w1", "10.0.0.1", 8080, "passing"), mk_entry("w2", "", 8080, "passing")], &settings());
+        let c = convert(
+            "web",
+            &[
+                mk_entry("w1", "10.0.0.1", 8080, "passing"),
+                mk_entry("w2", "", 8080, "passing"),
+            ],
+            &settings(),
+        );
         let s = c.service.expect("served");
         assert!(c.problems.is_empty(), "{:?}", c.problems);
         assert_eq!(s.hosts, vec![Host::Relative("web".into())]);
@@ -368,7 +414,11 @@ mod tests {
         assert_eq!(s.ports[0].name, "http-8080");
         assert_eq!(s.ports[0].protocol.as_deref(), Some("HTTP"));
         let addrs: Vec<_> = s.endpoints.iter().map(|e| e.address.as_str()).collect();
-        assert_eq!(addrs, vec!["10.0.0.1", "10.9.9.9"], "node address when the service has none");
+        assert_eq!(
+            addrs,
+            vec!["10.0.0.1", "10.9.9.9"],
+            "node address when the service has none"
+        );
         let ep = &s.endpoints[0];
         assert_eq!(ep.labels.get("version").map(String::as_str), Some("v1"));
         assert_eq!(ep.labels.get("env").map(String::as_str), Some("prod"));
@@ -386,11 +436,15 @@ mod tests {
             mk_entry("warn", "10.0.0.2", 80, "warning"),
             mk_entry("bad", "10.0.0.3", 80, "critical"),
         ];
-        let s = convert("web", &entries, &settings()).service.expect("served");
+        let s = convert("web", &entries, &settings())
+            .service
+            .expect("served");
         assert_eq!(s.endpoints.len(), 1);
         let mut with_warning = settings();
         with_warning.include_warning = true;
-        let s = convert("web", &entries, &with_warning).service.expect("served");
+        let s = convert("web", &entries, &with_warning)
+            .service
+            .expect("served");
         assert_eq!(s.endpoints.len(), 2);
         assert_eq!(s.endpoints[1].weight, Some(1), "warning weight");
     }
@@ -411,13 +465,21 @@ mod tests {
         let mut a = mk_entry("a", "10.0.0.1", 9090, "passing");
         a.service.meta = Some([("protocol".to_string(), "grpc".to_string())].into());
         let b = mk_entry("b", "10.0.0.2", 8080, "passing");
-        let one = convert("web", &[a.clone(), b.clone()], &settings()).service.expect("served");
-        let two = convert("web", &[b, a], &settings()).service.expect("served");
+        let one = convert("web", &[a.clone(), b.clone()], &settings())
+            .service
+            .expect("served");
+        let two = convert("web", &[b, a], &settings())
+            .service
+            .expect("served");
         assert_eq!(one.ports, two.ports);
         let names: Vec<_> = one.ports.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, vec!["http-8080", "grpc-9090"]);
         // Each instance is reached on its own port whatever service port is used.
-        let ep_b = one.endpoints.iter().find(|e| e.address == "10.0.0.2").expect("b");
+        let ep_b = one
+            .endpoints
+            .iter()
+            .find(|e| e.address == "10.0.0.2")
+            .expect("b");
         assert_eq!(ep_b.ports.get("grpc-9090"), Some(&8080));
         assert!(!ep_b.ports.contains_key("http-8080"));
     }
@@ -434,13 +496,24 @@ mod tests {
         assert_eq!(s.endpoints.len(), 1);
         assert_eq!(c.problems.len(), 2, "{:?}", c.problems);
         assert!(c.problems[0].contains("instance h on node n1"));
-        assert!(convert("web", &[proxy], &settings()).service.is_none(), "only proxies: not a service");
+        assert!(
+            convert("web", &[proxy], &settings()).service.is_none(),
+            "only proxies: not a service"
+        );
 
         let mut tagged = settings();
         tagged.tags = vec!["env=prod".into()];
-        assert!(convert("web", &[mk_entry("a", "10.0.0.1", 80, "passing")], &tagged).service.is_some());
+        assert!(
+            convert("web", &[mk_entry("a", "10.0.0.1", 80, "passing")], &tagged)
+                .service
+                .is_some()
+        );
         tagged.tags = vec!["canary".into()];
-        assert!(convert("web", &[mk_entry("a", "10.0.0.1", 80, "passing")], &tagged).service.is_none());
+        assert!(
+            convert("web", &[mk_entry("a", "10.0.0.1", 80, "passing")], &tagged)
+                .service
+                .is_none()
+        );
     }
 
     #[test]
@@ -451,7 +524,10 @@ mod tests {
         s.host_datacenter = true;
         let svc = convert("My_Web", &[e], &s).service.expect("served");
         assert_eq!(svc.location, Location::External);
-        assert_eq!(svc.hosts, vec![Host::Absolute("my-web.service.dc1.consul".into())]);
+        assert_eq!(
+            svc.hosts,
+            vec![Host::Absolute("my-web.service.dc1.consul".into())]
+        );
         assert_eq!(svc.ports[0].name, "port-80");
         assert_eq!(svc.ports[0].protocol, None);
     }
@@ -471,7 +547,9 @@ mod tests {
           "Service":{"ID":"web-1","Service":"web","Tags":null,"Address":"","Meta":null,"Port":8080,"Weights":{"Passing":1,"Warning":1},"EnableTagOverride":false,"Proxy":{},"Connect":{},"CreateIndex":9,"ModifyIndex":9},
           "Checks":[{"Node":"n1","CheckID":"serfHealth","Name":"Serf","Status":"passing","Notes":"","Output":"","ServiceID":"","ServiceName":"","ServiceTags":[]}]}]"#;
         let entries: Vec<HealthEntry> = serde_json::from_str(json).expect("decodes");
-        let s = convert("web", &entries, &settings()).service.expect("served");
+        let s = convert("web", &entries, &settings())
+            .service
+            .expect("served");
         assert_eq!(s.endpoints[0].address, "127.0.0.1");
         assert_eq!(s.endpoints[0].weight, Some(1));
     }

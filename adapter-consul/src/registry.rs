@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
-use mcp_core::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent, Service, ServiceKey};
+use mcp_core::{
+    channel_stream, EventSender, Registry, RegistryError, RegistryEvent, Service, ServiceKey,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -94,7 +96,12 @@ impl Inner {
     }
 
     /// Converts one service and reports its skipped instances; `None` = do not serve it.
-    async fn convert(&self, tx: &EventSender, name: &str, entries: &[HealthEntry]) -> Result<Option<Service>, RegistryError> {
+    async fn convert(
+        &self,
+        tx: &EventSender,
+        name: &str,
+        entries: &[HealthEntry],
+    ) -> Result<Option<Service>, RegistryError> {
         let c = convert(name, entries, &self.settings);
         for p in &c.problems {
             tracing::warn!(service = %name, problem = %p, "Skipped part of a Consul service.");
@@ -109,19 +116,25 @@ impl Inner {
 
     async fn watch(self: Arc<Self>, tx: EventSender) -> Result<(), ConsulError> {
         let catalog = self.client.services(None).await?;
-        let names: Vec<String> = catalog.value.keys().filter(|n| self.wanted(n)).cloned().collect();
+        let names: Vec<String> = catalog
+            .value
+            .keys()
+            .filter(|n| self.wanted(n))
+            .cloned()
+            .collect();
         tracing::info!(addr = %self.client.addr(), services = names.len(), "Listing Consul services.");
-        let lists: Vec<(String, Result<Indexed<Vec<HealthEntry>>, ConsulError>)> = stream::iter(names)
-            .map(|name| {
-                let client = self.client.clone();
-                async move {
-                    let r = client.health(&name, None).await;
-                    (name, r)
-                }
-            })
-            .buffer_unordered(self.concurrency)
-            .collect()
-            .await;
+        let lists: Vec<(String, Result<Indexed<Vec<HealthEntry>>, ConsulError>)> =
+            stream::iter(names)
+                .map(|name| {
+                    let client = self.client.clone();
+                    async move {
+                        let r = client.health(&name, None).await;
+                        (name, r)
+                    }
+                })
+                .buffer_unordered(self.concurrency)
+                .collect()
+                .await;
 
         let (msg_tx, mut msgs) = mpsc::channel::<Msg>(1024);
         // Dropping the set (when this function returns) stops every watcher.
@@ -131,14 +144,28 @@ impl Inner {
         let mut served: HashMap<String, bool> = HashMap::new();
         for (name, result) in lists {
             let list = result?;
-            let svc = self.convert(&tx, &name, &list.value).await.map_err(|_| ended())?;
+            let svc = self
+                .convert(&tx, &name, &list.value)
+                .await
+                .map_err(|_| ended())?;
             served.insert(name.clone(), svc.is_some());
             services.extend(svc);
-            let h = watchers.spawn(watch_health(self.client.clone(), name.clone(), list.index, msg_tx.clone()));
+            let h = watchers.spawn(watch_health(
+                self.client.clone(),
+                name.clone(),
+                list.index,
+                msg_tx.clone(),
+            ));
             handles.insert(name, h);
         }
-        tx.send(RegistryEvent::Reset(services)).await.map_err(|_| ended())?;
-        watchers.spawn(watch_catalog(self.client.clone(), catalog.index, msg_tx.clone()));
+        tx.send(RegistryEvent::Reset(services))
+            .await
+            .map_err(|_| ended())?;
+        watchers.spawn(watch_catalog(
+            self.client.clone(),
+            catalog.index,
+            msg_tx.clone(),
+        ));
 
         while let Some(msg) = msgs.recv().await {
             match msg {
@@ -148,37 +175,58 @@ impl Inner {
                     for name in &now {
                         if !handles.contains_key(*name) {
                             tracing::info!(service = %name, "Consul service appeared.");
-                            let h = watchers.spawn(watch_health(self.client.clone(), (*name).clone(), 0, msg_tx.clone()));
+                            let h = watchers.spawn(watch_health(
+                                self.client.clone(),
+                                (*name).clone(),
+                                0,
+                                msg_tx.clone(),
+                            ));
                             handles.insert((*name).clone(), h);
                         }
                     }
-                    let gone: Vec<String> = handles.keys().filter(|n| !now.contains(n)).cloned().collect();
+                    let gone: Vec<String> = handles
+                        .keys()
+                        .filter(|n| !now.contains(n))
+                        .cloned()
+                        .collect();
                     for name in gone {
                         tracing::info!(service = %name, "Consul service vanished.");
                         if let Some(h) = handles.remove(&name) {
                             h.abort();
                         }
                         if served.remove(&name) == Some(true) {
-                            tx.send(RegistryEvent::Remove(ServiceKey::new(name.clone()))).await.map_err(|_| ended())?;
+                            tx.send(RegistryEvent::Remove(ServiceKey::new(name.clone())))
+                                .await
+                                .map_err(|_| ended())?;
                         }
-                        tx.send(RegistryEvent::Problems { scope: format!("consul service {name}"), problems: vec![] })
-                            .await
-                            .map_err(|_| ended())?;
+                        tx.send(RegistryEvent::Problems {
+                            scope: format!("consul service {name}"),
+                            problems: vec![],
+                        })
+                        .await
+                        .map_err(|_| ended())?;
                     }
                 }
                 Msg::Health(name, list) => {
                     if !handles.contains_key(&name) {
                         continue;
                     }
-                    let svc = self.convert(&tx, &name, &list.value).await.map_err(|_| ended())?;
+                    let svc = self
+                        .convert(&tx, &name, &list.value)
+                        .await
+                        .map_err(|_| ended())?;
                     match svc {
                         Some(s) => {
                             served.insert(name, true);
-                            tx.send(RegistryEvent::Upsert(s)).await.map_err(|_| ended())?;
+                            tx.send(RegistryEvent::Upsert(s))
+                                .await
+                                .map_err(|_| ended())?;
                         }
                         None => {
                             if served.insert(name.clone(), false) == Some(true) {
-                                tx.send(RegistryEvent::Remove(ServiceKey::new(name))).await.map_err(|_| ended())?;
+                                tx.send(RegistryEvent::Remove(ServiceKey::new(name)))
+                                    .await
+                                    .map_err(|_| ended())?;
                             }
                         }
                     }

@@ -385,8 +385,8 @@ async fn floor_server(f: Floor, accept: Accept) -> (SocketAddr, tokio::sync::one
         };
         let _ = match accept {
             Accept::NoDelay => {
-                let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                    .with_nodelay(Some(true));
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
                 router.serve_with_incoming_shutdown(incoming, stop).await
             }
             Accept::ListenerStream => {
@@ -522,8 +522,16 @@ fn breakdown(n: usize) -> (Histogram<u64>, Histogram<u64>, Histogram<u64>) {
             Names::Replace(vec![])
         },
     };
-    let mut sotw_nonce = sotw.on_request(req("", false), Some(&snap)).1.expect("full").nonce;
-    let mut delta_nonce = delta.on_request(req("", true), Some(&snap)).1.expect("full").nonce;
+    let mut sotw_nonce = sotw
+        .on_request(req("", false), Some(&snap))
+        .1
+        .expect("full")
+        .nonce;
+    let mut delta_nonce = delta
+        .on_request(req("", true), Some(&snap))
+        .1
+        .expect("full")
+        .nonce;
     let (mut h_flush, mut h_sotw, mut h_delta) = (histogram(), histogram(), histogram());
     for k in 0..ITERATIONS {
         sotw.on_request(req(&sotw_nonce, false), Some(&snap));
@@ -531,14 +539,20 @@ fn breakdown(n: usize) -> (Histogram<u64>, Histogram<u64>, Histogram<u64>) {
         idx.apply(RegistryEvent::Upsert(changed(&mut current, k)));
         let t = Instant::now();
         snap = idx.flush().expect("changed");
-        h_flush.record((t.elapsed().as_micros() as u64).max(1)).expect("record");
+        h_flush
+            .record((t.elapsed().as_micros() as u64).max(1))
+            .expect("record");
         let t = Instant::now();
         let out = sotw.on_snapshot(&snap).pop().expect("sotw push");
-        h_sotw.record((t.elapsed().as_micros() as u64).max(1)).expect("record");
+        h_sotw
+            .record((t.elapsed().as_micros() as u64).max(1))
+            .expect("record");
         sotw_nonce = out.nonce;
         let t = Instant::now();
         let out = delta.on_snapshot(&snap).pop().expect("delta push");
-        h_delta.record((t.elapsed().as_micros() as u64).max(1)).expect("record");
+        h_delta
+            .record((t.elapsed().as_micros() as u64).max(1))
+            .expect("record");
         assert_eq!(out.resources.len(), 1);
         delta_nonce = out.nonce;
     }

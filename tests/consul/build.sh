@@ -23,6 +23,6 @@ out="$(cd "$1" && pwd)"
 (cd "$here" && CGO_ENABLED=0 go build -mod=readonly -buildvcs=false -trimpath \
   -ldflags='-s -w' -o "$out/consul" github.com/hashicorp/consul)
 
-module="$(go version -m "$out/consul" | awk '$1 == "dep" && $2 == "github.com/hashicorp/consul" { print $3 }')"
+module="$(go version -m "$out/consul" | awk '$1 == "mod" && $2 == "github.com/hashicorp/consul" { print $3 }')"
 echo "built $out/consul (github.com/hashicorp/consul $module, $(go env GOVERSION))"
 "$out/consul" version

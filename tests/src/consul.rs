@@ -12,7 +12,12 @@ use crate::{free_addr, http, target_dir, wait_for};
 pub fn consul_bin() -> PathBuf {
     let dir = std::env::var_os("CONSUL_BIN_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| target_dir().parent().map(|t| t.join("consul")).unwrap_or_default());
+        .unwrap_or_else(|| {
+            target_dir()
+                .parent()
+                .map(|t| t.join("consul"))
+                .unwrap_or_default()
+        });
     let bin = dir.join("consul");
     assert!(
         bin.exists(),
@@ -41,10 +46,17 @@ impl Consul {
         let mut c = Consul {
             child: None,
             http: free_addr(),
-            ports: [free_addr().port(), free_addr().port(), free_addr().port(), free_addr().port()],
+            ports: [
+                free_addr().port(),
+                free_addr().port(),
+                free_addr().port(),
+                free_addr().port(),
+            ],
             hcl: hcl.map(str::to_string),
             dir: tempfile::tempdir().expect("tempdir"),
-            token: hcl.filter(|h| h.contains("initial_management")).map(|_| "root".to_string()),
+            token: hcl
+                .filter(|h| h.contains("initial_management"))
+                .map(|_| "root".to_string()),
         };
         c.spawn();
         c
@@ -53,13 +65,20 @@ impl Consul {
     fn spawn(&mut self) {
         let [lan, wan, server, _] = self.ports;
         let mut cmd = Command::new(consul_bin());
-        cmd.args(["agent", "-dev", "-node=test", "-bind=127.0.0.1", "-client=127.0.0.1", "-log-level=warn"])
-            .arg(format!("-http-port={}", self.http.port()))
-            .args(["-dns-port=-1", "-grpc-port=-1", "-grpc-tls-port=-1"])
-            .arg(format!("-serf-lan-port={lan}"))
-            .arg(format!("-serf-wan-port={wan}"))
-            .arg(format!("-server-port={server}"))
-            .arg(format!("-data-dir={}", self.dir.path().display()));
+        cmd.args([
+            "agent",
+            "-dev",
+            "-node=test",
+            "-bind=127.0.0.1",
+            "-client=127.0.0.1",
+            "-log-level=warn",
+        ])
+        .arg(format!("-http-port={}", self.http.port()))
+        .args(["-dns-port=-1", "-grpc-port=-1", "-grpc-tls-port=-1"])
+        .arg(format!("-serf-lan-port={lan}"))
+        .arg(format!("-serf-wan-port={wan}"))
+        .arg(format!("-server-port={server}"))
+        .arg(format!("-data-dir={}", self.dir.path().display()));
         if let Some(h) = &self.hcl {
             cmd.arg("-hcl").arg(h);
         }
@@ -79,7 +98,9 @@ impl Consul {
         });
         // The catalog answers once the leader has set itself up.
         wait_for(Duration::from_secs(30), "consul catalog", || {
-            self.request("GET", "/v1/catalog/services", "").ok().filter(|(s, _)| *s == 200)
+            self.request("GET", "/v1/catalog/services", "")
+                .ok()
+                .filter(|(s, _)| *s == 200)
         });
     }
 
@@ -114,7 +135,17 @@ impl Consul {
 
     /// Registers an instance on an external node through the catalog, with one check.
     #[allow(clippy::too_many_arguments)]
-    pub fn register(&self, node: &str, service: &str, id: &str, address: &str, port: u16, tags: &[&str], meta: &[(&str, &str)], status: &str) {
+    pub fn register(
+        &self,
+        node: &str,
+        service: &str,
+        id: &str,
+        address: &str,
+        port: u16,
+        tags: &[&str],
+        meta: &[(&str, &str)],
+        status: &str,
+    ) {
         let body = serde_json::json!({
             "Node": node,
             "Address": "10.255.0.1",

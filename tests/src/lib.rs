@@ -46,10 +46,19 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
 }
 
 /// Minimal HTTP/1.0 request: (status, body).
-pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> std::io::Result<(u16, String)> {
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: test\r\nContent-Length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.0\r\nHost: test\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -306,7 +315,16 @@ pub fn item<'a>(items: &'a [serde_json::Value], ns_name: &str) -> Option<&'a ser
 /// `mcpctl get serviceentries -o json` against `server` (`xds://...`): the items.
 pub fn mcpctl_get(server: &str) -> Vec<serde_json::Value> {
     let out = Command::new(workspace_bin("mcpctl"))
-        .args(["get", "serviceentries", "--server", server, "-o", "json", "--timeout", "5s"])
+        .args([
+            "get",
+            "serviceentries",
+            "--server",
+            server,
+            "-o",
+            "json",
+            "--timeout",
+            "5s",
+        ])
         .output()
         .expect("run mcpctl");
     assert!(

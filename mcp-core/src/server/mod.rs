@@ -240,7 +240,10 @@ async fn drive<W: Wire>(
                     let req = W::request(msg);
                     let type_key = req.type_key.clone();
                     let served = W::served(&type_key);
-                    let snapshot = snapshots.borrow_and_update().clone();
+                    // `borrow`, not `borrow_and_update`: only the `changed()` arm may mark a
+                    // snapshot as seen, or a change published while this request is handled
+                    // would never reach the types this request does not name.
+                    let snapshot = snapshots.borrow().clone();
                     let (ack, out) = engine.on_request(req, snapshot.as_ref());
                     match &ack {
                         Ack::Ack => metrics.acks.with_label_values(&[W::PROTOCOL, type_class(served)]).inc(),
