@@ -1,0 +1,1 @@
+//! A real ZooKeeper server (Debian package) on a free loopback port.
