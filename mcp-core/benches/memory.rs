@@ -113,8 +113,11 @@ async fn run() {
     let floor = rss_kib();
     rows.push(("runtime started, empty (floor)", floor));
 
+    // The registry's input: the adapter owns it until the writer has consumed the Reset.
+    let input = services(SERVICES, ENDPOINTS);
+    rows.push(("+ model input built (10k x 10)", rss_kib()));
     let t = Instant::now();
-    handle.send(RegistryEvent::Reset(services(SERVICES, ENDPOINTS)));
+    handle.send(RegistryEvent::Reset(input));
     loop {
         let m = http_get(running.admin_addr, "/metrics").await;
         if metric_sum(&m, "mcp_adapter_resources") as usize == SERVICES {

@@ -5,6 +5,8 @@
 //! once into shared bytes -> [`server`] streams them to every sink (MCP over xDS, delta xDS, legacy
 //! MCP). [`runtime::run`] wires it together with the admin HTTP server.
 
+#![deny(missing_docs)]
+
 pub mod admin;
 pub mod cache;
 pub mod cli;

@@ -955,3 +955,44 @@ async fn a_service_turning_invalid_keeps_its_last_good_version() {
     assert_eq!(d["quarantined"].as_array().map(Vec::len), Some(0), "{d}");
     a.stop().await;
 }
+
+/// Server reflection lists every MCP service (grpcurl and friends can talk to the adapter).
+#[tokio::test]
+async fn reflection_lists_the_mcp_services() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let a = synced(vec![mk_service("a", 1)]).await;
+    let mut client = ServerReflectionClient::new(a.channel().await);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = client
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .expect("reflection rpc")
+        .into_inner();
+    let resp = tokio::time::timeout(STEP, stream.message())
+        .await
+        .expect("in time")
+        .expect("ok")
+        .expect("one response");
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!("unexpected reflection answer: {resp:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in [
+        "istio.mcp.v1alpha1.ResourceSource",
+        "istio.mcp.v1alpha1.AggregatedMeshConfigService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
+    }
+    a.stop().await;
+}
