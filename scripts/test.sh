@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it: installs/builds the real peers it needs, then runs every
 # test including the #[ignore]d ones that need those peers.
 #   - Istio's own MCP client (istio.io/istio/pkg/adsc), built from the Go module proxy into
-#     target/adsc (cold: ~8 min and ~1.5 GB of Go caches; warm: seconds).
+#     target/adsc (cold: ~8 min and ~1.5 GB of Go caches; warm: seconds);
+#   - Consul, built from the Go module proxy into target/consul (cold: ~11 min; warm: seconds).
 # Usage: scripts/test.sh            (from anywhere inside the repo)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,6 +17,9 @@ need go "install Go >= 1.25 (the Istio client needs it)"
 echo "==> building Istio's MCP client (tests/istio-adsc)"
 tests/istio-adsc/build.sh target/adsc
 
+echo "==> building Consul (tests/consul)"
+tests/consul/build.sh target/consul
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -23,4 +27,4 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
 echo "==> cargo test (including tests that need real peers)"
-ADSC_WATCH_DIR="$PWD/target/adsc" cargo test --workspace -- --include-ignored
+ADSC_WATCH_DIR="$PWD/target/adsc" CONSUL_BIN_DIR="$PWD/target/consul" cargo test --workspace -- --include-ignored

@@ -154,8 +154,8 @@ impl ConsulClient {
             base,
             token,
             datacenter: cfg.datacenter.clone(),
-            namespace: cfg.namespace.clone(),
-            partition: cfg.partition.clone(),
+            namespace: cfg.consul_namespace.clone(),
+            partition: cfg.consul_partition.clone(),
             wait,
         })
     }

@@ -65,11 +65,11 @@ pub struct ConsulConfig {
 
     /// Consul Enterprise namespace (never sent unless set: open-source Consul rejects it).
     #[arg(long = "consul-namespace", env = "CONSUL_NAMESPACE")]
-    pub namespace: Option<String>,
+    pub consul_namespace: Option<String>,
 
     /// Consul Enterprise admin partition (never sent unless set).
     #[arg(long = "consul-partition", env = "CONSUL_PARTITION")]
-    pub partition: Option<String>,
+    pub consul_partition: Option<String>,
 
     /// Also serve instances whose worst check is `warning` (default: all checks passing).
     #[arg(long, env = "MCP_CONSUL_INCLUDE_WARNING")]

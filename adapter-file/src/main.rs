@@ -20,3 +20,12 @@ async fn main() -> anyhow::Result<()> {
     mcp_core::runtime::run(registry, args.common).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn flags_are_consistent() {
+        use clap::CommandFactory;
+        super::Args::command().debug_assert();
+    }
+}

@@ -139,9 +139,19 @@ impl Adapter {
             log,
             _dir: dir,
         };
-        wait_for(Duration::from_secs(20), "adapter admin port", || {
-            http_get(admin, "/healthz").ok().filter(|(s, _)| *s == 200)
-        });
+        let end = Instant::now() + Duration::from_secs(20);
+        while http_get(admin, "/healthz")
+            .ok()
+            .filter(|(s, _)| *s == 200)
+            .is_none()
+        {
+            assert!(
+                Instant::now() < end,
+                "{binary} did not open its admin port within 20s; its log:\n{}",
+                a.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         a
     }
 

@@ -1,1 +1,281 @@
-//! A real ZooKeeper server (Debian package) on a free loopback port.
+//! A real ZooKeeper server (Debian package `zookeeper`, installed by
+//! `scripts/install-zookeeper.sh`) on a free loopback port, and `zk-writer` (a helper binary of
+//! adapter-zookeeper that holds one session and writes znodes as told, so that tests can create
+//! ephemeral nodes that live as long as the writer).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use crate::{free_addr, wait_for, workspace_bin, Adapter};
+
+const JARS: [&str; 3] = [
+    "/usr/share/java/zookeeper.jar",
+    "/usr/share/java/slf4j-log4j12.jar",
+    "/usr/share/java/log4j-1.2.jar",
+];
+
+/// A running standalone ZooKeeper server, killed on drop.
+pub struct ZooKeeper {
+    child: Option<Child>,
+    /// Client address.
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl ZooKeeper {
+    /// Writes zoo.cfg and log4j.properties into a temporary directory and starts the server.
+    pub fn start() -> ZooKeeper {
+        for jar in JARS {
+            assert!(
+                Path::new(jar).exists(),
+                "{jar} missing: run scripts/install-zookeeper.sh (the README's test command does)"
+            );
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr = free_addr();
+        let conf = dir.path().join("conf");
+        std::fs::create_dir_all(&conf).expect("conf dir");
+        std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
+        std::fs::write(
+            conf.join("zoo.cfg"),
+            format!(
+                "tickTime=2000\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
+                 maxClientCnxns=0\nadmin.enableServer=false\n\
+                 4lw.commands.whitelist=ruok,srvr,stat,mntr,wchc,cons\n\
+                 minSessionTimeout=2000\nmaxSessionTimeout=60000\n",
+                dir.path().join("data").display(),
+                addr.port()
+            ),
+        )
+        .expect("zoo.cfg");
+        std::fs::write(
+            conf.join("log4j.properties"),
+            "log4j.rootLogger=WARN, CONSOLE\n\
+             log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n\
+             log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n\
+             log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p %c{1} - %m%n\n",
+        )
+        .expect("log4j.properties");
+        let mut zk = ZooKeeper {
+            child: None,
+            addr,
+            dir,
+        };
+        zk.spawn();
+        zk
+    }
+
+    fn spawn(&mut self) {
+        let conf = self.dir.path().join("conf");
+        let cp = format!("{}:{}", conf.display(), JARS.join(":"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("zookeeper.log"))
+            .expect("log");
+        let child = Command::new("java")
+            .arg("-cp")
+            .arg(cp)
+            .arg("-Xmx256m")
+            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(conf.join("zoo.cfg"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn java (ZooKeeperServerMain)");
+        self.child = Some(child);
+        let addr = self.addr;
+        wait_for(Duration::from_secs(60), "zookeeper ruok -> imok", || {
+            (four_letter(addr, "ruok").ok()? == "imok").then_some(())
+        });
+    }
+
+    /// `host:port` for `--zk-servers`.
+    pub fn servers(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Kills the server (SIGKILL); data and sessions stay in the data directory.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        wait_for(Duration::from_secs(10), "zookeeper port closed", || {
+            TcpStream::connect_timeout(&self.addr, Duration::from_millis(200))
+                .is_err()
+                .then_some(())
+        });
+    }
+
+    /// Starts it again on the same port and data directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("zookeeper.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for ZooKeeper {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Sends a four-letter command, returns the answer.
+pub fn four_letter(addr: SocketAddr, cmd: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.write_all(cmd.as_bytes())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// A `zk-writer` process holding one session, killed on drop (its ephemeral nodes then vanish
+/// once the server notices, or at once with [`Writer::expire`]).
+pub struct Writer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Writer {
+    /// Starts a writer connected to `zk`.
+    pub fn start(zk: &ZooKeeper) -> Writer {
+        let mut child = Command::new(workspace_bin("zk-writer"))
+            .arg(zk.servers())
+            .env("RUST_LOG", "off")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn zk-writer");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("zk-writer ready");
+        assert_eq!(line.trim(), "ready", "zk-writer did not start");
+        Writer {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Runs one command; panics unless it answers `ok`.
+    pub fn cmd(&mut self, line: &str) {
+        assert!(!line.contains('\n'), "one line per command: {line:?}");
+        writeln!(self.stdin, "{line}").expect("write to zk-writer");
+        self.stdin.flush().expect("flush zk-writer");
+        let mut reply = String::new();
+        self.stdout.read_line(&mut reply).expect("zk-writer reply");
+        assert_eq!(reply.trim(), "ok", "zk-writer {line:?}");
+    }
+
+    /// Persistent node (parents created).
+    pub fn create(&mut self, path: &str, data: &str) {
+        self.cmd(&format!("create {path} {data}"));
+    }
+
+    /// Ephemeral node (parents created persistent).
+    pub fn create_e(&mut self, path: &str, data: &str) {
+        self.cmd(&format!("create-e {path} {data}"));
+    }
+
+    /// Adds digest credentials `user:password` to the writer's session.
+    pub fn auth(&mut self, user_password: &str) {
+        self.cmd(&format!("auth {user_password}"));
+    }
+
+    /// Ephemeral node readable only with the writer's digest credentials.
+    pub fn create_private(&mut self, path: &str, data: &str) {
+        self.cmd(&format!("create-private {path} {data}"));
+    }
+
+    /// Sets a node's data.
+    pub fn set(&mut self, path: &str, data: &str) {
+        self.cmd(&format!("set {path} {data}"));
+    }
+
+    /// Deletes a node (missing is fine).
+    pub fn delete(&mut self, path: &str) {
+        self.cmd(&format!("delete {path}"));
+    }
+
+    /// Closes the session: its ephemeral nodes vanish.
+    pub fn expire(mut self) {
+        self.cmd("expire");
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `java.net.URLEncoder.encode(s, "UTF-8")`, as Dubbo names provider znodes.
+pub fn url_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'-' | b'_' | b'*' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// Path of a Dubbo provider znode under `/dubbo`.
+pub fn provider_path(interface: &str, url: &str) -> String {
+    format!("/dubbo/{interface}/providers/{}", url_encode(url))
+}
+
+/// The pid of a running adapter (found by its unique admin address on its command line).
+pub fn adapter_pid(a: &Adapter) -> u32 {
+    let needle = a.admin.to_string();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_adapter = args
+            .first()
+            .is_some_and(|a0| a0.ends_with(b"adapter-zookeeper"));
+        if is_adapter && args.contains(&needle.as_bytes()) {
+            return pid;
+        }
+    }
+    panic!("adapter process with --admin-listen {needle} not found");
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to `pid`.
+pub fn signal(pid: u32, signal: &str) {
+    let st = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(st.success(), "kill -{signal} {pid}");
+}

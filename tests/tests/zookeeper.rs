@@ -1,0 +1,546 @@
+//! adapter-zookeeper against a real ZooKeeper server (Debian's package, installed by
+//! scripts/install-zookeeper.sh), observed through mcpctl as a sink sees it. Znodes are written
+//! by `zk-writer`, which holds a session so that ephemeral nodes live as long as it does.
+
+use std::time::{Duration, Instant};
+
+use e2e::zookeeper::{adapter_pid, provider_path, signal, Writer, ZooKeeper};
+use e2e::{find, http_get, item_names, mcpctl_get, wait_for, Adapter};
+
+fn adapter(zk: &ZooKeeper, extra: &[&str]) -> Adapter {
+    let servers = zk.servers();
+    let mut args = vec!["--zk-servers", servers.as_str(), "--coalesce", "0"];
+    args.extend_from_slice(extra);
+    Adapter::start_with_env("adapter-zookeeper", &args, &[])
+}
+
+fn until(
+    what: &str,
+    xds: &str,
+    pred: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    wait_for(Duration::from_secs(30), what, || {
+        let items = mcpctl_get(xds);
+        pred(&items).then_some(items)
+    })
+}
+
+fn addresses(item: &serde_json::Value) -> Vec<String> {
+    let mut v: Vec<String> = item["spec"]["endpoints"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["address"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn dubbo_url(ip: &str, port: u16, iface: &str, extra: &str) -> String {
+    format!("dubbo://{ip}:{port}/{iface}?application=demo&interface={iface}&methods=sayHi,sayBye&side=provider&dubbo=2.0.2&release=3.1.4{extra}")
+}
+
+const GREETER: &str = "com.example.greeter";
+
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn follows_dubbo_providers() {
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    let p1 = provider_path(GREETER, &dubbo_url("10.0.0.1", 20880, GREETER, "&env=prod"));
+    w.create_e(&p1, "10.0.0.1");
+    // Categories Dubbo also writes: never services.
+    w.create(&format!("/dubbo/{GREETER}/consumers"), "");
+    w.create("/dubbo/mapping/com.example.greeter", "demo");
+    w.create("/dubbo/config/dubbo/x.configurators", "");
+    let a = adapter(&zk, &[]);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+
+    let items = until("greeter served", &xds, |i| find(i, GREETER).is_some());
+    assert_eq!(item_names(&items), vec![format!("zookeeper/{GREETER}")]);
+    let g = find(&items, GREETER).expect("greeter");
+    assert_eq!(g["spec"]["hosts"][0], "com.example.greeter.zookeeper");
+    assert_eq!(g["spec"]["ports"][0]["name"], "tcp-20880");
+    assert_eq!(g["spec"]["ports"][0]["protocol"], "TCP");
+    assert_eq!(g["spec"]["resolution"], "STATIC");
+    let labels = &g["spec"]["endpoints"][0]["labels"];
+    assert_eq!(labels["env"], "prod");
+    assert_eq!(labels["application"], "demo");
+    assert_eq!(labels["protocol"], "dubbo");
+    assert!(
+        labels.get("methods").is_none(),
+        "invalid label values are dropped: {labels}"
+    );
+
+    // Added.
+    let p2 = provider_path(
+        GREETER,
+        &dubbo_url("10.0.0.2", 20880, GREETER, "&env=prod&weight=30"),
+    );
+    w.create_e(&p2, "");
+    let items = until("second provider", &xds, |i| {
+        find(i, GREETER).is_some_and(|g| addresses(g) == ["10.0.0.1", "10.0.0.2"])
+    });
+    let eps = find(&items, GREETER).expect("greeter")["spec"]["endpoints"].clone();
+    assert!(
+        eps.as_array()
+            .expect("endpoints")
+            .iter()
+            .any(|e| e["weight"] == 30),
+        "{eps}"
+    );
+
+    // Metadata changed: Dubbo re-registers under a new URL.
+    w.delete(&p2);
+    let p2b = provider_path(
+        GREETER,
+        &dubbo_url("10.0.0.2", 20880, GREETER, "&env=canary"),
+    );
+    w.create_e(&p2b, "");
+    until("metadata changed", &xds, |i| {
+        find(i, GREETER).is_some_and(|g| {
+            g["spec"]["endpoints"]
+                .as_array()
+                .is_some_and(|e| e.len() == 2 && e.iter().any(|e| e["labels"]["env"] == "canary"))
+        })
+    });
+
+    // A version/group of the same interface is its own service; a disabled provider is left out.
+    w.create_e(
+        &provider_path(
+            GREETER,
+            &dubbo_url("10.0.0.3", 20881, GREETER, "&version=1.0.0&group=blue"),
+        ),
+        "",
+    );
+    w.create_e(
+        &provider_path(
+            GREETER,
+            &dubbo_url(
+                "10.0.0.4",
+                20881,
+                GREETER,
+                "&version=1.0.0&group=blue&enabled=false",
+            ),
+        ),
+        "",
+    );
+    let items = until("versioned service", &xds, |i| i.len() == 2);
+    let v = items
+        .iter()
+        .find(|i| i["metadata"]["name"] != GREETER)
+        .expect("versioned");
+    let name = v["metadata"]["name"].as_str().expect("name");
+    assert!(
+        name.starts_with("com.example.greeter-1-0-0-blue-"),
+        "{name}"
+    );
+    assert_eq!(addresses(v), ["10.0.0.3"]);
+
+    // Removed: the last provider of the plain service leaves, the service goes.
+    w.delete(&p1);
+    w.delete(&p2b);
+    until("greeter removed", &xds, |i| {
+        find(i, GREETER).is_none() && i.len() == 1
+    });
+    // The writer's session ends: its ephemeral providers vanish.
+    w.expire();
+    until("all removed", &xds, |i| i.is_empty());
+}
+
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn follows_curator_and_dubbo3_instances() {
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    let spring = |ip: &str, port: u16, status: &str, zone: &str| {
+        format!(
+            r#"{{"name":"waiter-service","id":"x","address":"{ip}","port":{port},"sslPort":null,"payload":{{"@class":"org.springframework.cloud.zookeeper.discovery.ZookeeperInstance","id":"waiter-service","name":"waiter-service","metadata":{{"instance_status":"{status}","zone":"{zone}"}}}},"registrationTimeUTC":1618899361271,"serviceType":"DYNAMIC","uriSpec":null}}"#
+        )
+    };
+    w.create_e(
+        "/services/waiter-service/b1fdcb1e",
+        &spring("10.1.0.1", 8080, "UP", "a"),
+    );
+    let dubbo3 = r#"{"name":"first-dubbo-provider","id":"10.2.0.1:20880","address":"10.2.0.1","port":20880,"sslPort":null,"payload":{"@class":"org.apache.dubbo.registry.zookeeper.ZookeeperInstance","id":"10.2.0.1:20880","name":"first-dubbo-provider","metadata":{"dubbo.endpoints":"[{\"port\":20880,\"protocol\":\"dubbo\"},{\"port\":50051,\"protocol\":\"tri\"}]","dubbo.metadata.revision":"871fbc9cb2730caea9b0d858852d5ede","dubbo.metadata.storage-type":"local"}},"registrationTimeUTC":1674960781893,"serviceType":"DYNAMIC","uriSpec":null}"#;
+    w.create_e("/services/first-dubbo-provider/10.2.0.1:20880", dubbo3);
+    let a = adapter(&zk, &[]);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+
+    let items = until("both served", &xds, |i| i.len() == 2);
+    let web = find(&items, "waiter-service").expect("waiter-service");
+    assert_eq!(web["spec"]["hosts"][0], "waiter-service.zookeeper");
+    assert_eq!(web["spec"]["ports"][0]["name"], "http-8080");
+    assert_eq!(web["spec"]["endpoints"][0]["labels"]["zone"], "a");
+    let app = find(&items, "first-dubbo-provider").expect("dubbo3 app");
+    let ports: Vec<String> = app["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| format!("{}/{}", p["name"], p["protocol"]))
+        .collect();
+    assert_eq!(
+        ports,
+        [r#""tcp-20880"/"TCP""#, r#""grpc-50051"/"GRPC""#],
+        "{app}"
+    );
+
+    // Updated in place (set data): new port and label.
+    w.set(
+        "/services/waiter-service/b1fdcb1e",
+        &spring("10.1.0.1", 9090, "UP", "b"),
+    );
+    until("instance updated in place", &xds, |i| {
+        find(i, "waiter-service").is_some_and(|s| {
+            s["spec"]["ports"][0]["name"] == "http-9090"
+                && s["spec"]["endpoints"][0]["labels"]["zone"] == "b"
+        })
+    });
+    // Spring marks it OUT_OF_SERVICE: left out (no instances left: the service goes).
+    w.set(
+        "/services/waiter-service/b1fdcb1e",
+        &spring("10.1.0.1", 9090, "OUT_OF_SERVICE", "b"),
+    );
+    until("out of service", &xds, |i| {
+        find(i, "waiter-service").is_none()
+    });
+    w.set(
+        "/services/waiter-service/b1fdcb1e",
+        &spring("10.1.0.1", 9090, "UP", "b"),
+    );
+    w.create_e(
+        "/services/waiter-service/c2",
+        &spring("10.1.0.2", 9090, "UP", "b"),
+    );
+    until("second instance", &xds, |i| {
+        find(i, "waiter-service").is_some_and(|s| addresses(s) == ["10.1.0.1", "10.1.0.2"])
+    });
+    w.delete("/services/waiter-service/b1fdcb1e");
+    until("instance deleted", &xds, |i| {
+        find(i, "waiter-service").is_some_and(|s| addresses(s) == ["10.1.0.2"])
+    });
+}
+
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn skips_bad_data_with_problems_naming_the_znode() {
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    let good = provider_path(GREETER, &dubbo_url("10.0.0.1", 20880, GREETER, ""));
+    w.create_e(&good, "");
+    let unparsable = format!("/dubbo/{GREETER}/providers/not-a-url");
+    w.create_e(&unparsable, "");
+    let port0 = provider_path(GREETER, &dubbo_url("10.0.0.2", 0, GREETER, ""));
+    w.create_e(&port0, "");
+    let hostname = provider_path(
+        GREETER,
+        &dubbo_url("provider.example.com", 20880, GREETER, ""),
+    );
+    w.create_e(&hostname, "");
+    w.create_e(
+        "/services/web/good",
+        r#"{"name":"web","address":"10.1.0.1","port":80}"#,
+    );
+    w.create_e("/services/web/broken", "{not json");
+    w.create_e(
+        "/services/web/zero",
+        r#"{"name":"web","address":"10.1.0.2","port":0}"#,
+    );
+    w.create_e(
+        "/services/web/named",
+        r#"{"name":"web","address":"web-1.example.com","port":80}"#,
+    );
+    let a = adapter(&zk, &[]);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    let items = until("good instances served", &xds, |i| i.len() == 2);
+    assert_eq!(
+        addresses(find(&items, GREETER).expect("greeter")),
+        ["10.0.0.1"]
+    );
+    assert_eq!(addresses(find(&items, "web").expect("web")), ["10.1.0.1"]);
+
+    let debug = a.debug();
+    let problems = debug["problems"].to_string();
+    for (znode, why) in [
+        (unparsable.as_str(), "not a provider URL"),
+        (port0.as_str(), "port 0"),
+        (hostname.as_str(), "not an IP address"),
+        ("/services/web/broken", "not a Curator ServiceInstance JSON"),
+        ("/services/web/zero", "port 0"),
+        ("/services/web/named", "not an IP address"),
+    ] {
+        let line = format!("zookeeper {znode}: ");
+        assert!(
+            problems.contains(&line) && problems.contains(why),
+            "no problem for {znode} ({why}): {problems}"
+        );
+    }
+    assert!(
+        problems.contains(&format!("zookeeper /dubbo/{GREETER}/providers")),
+        "{problems}"
+    );
+
+    // Fixing the data clears the problems.
+    w.delete("/services/web/broken");
+    w.delete("/services/web/zero");
+    w.delete("/services/web/named");
+    wait_for(Duration::from_secs(20), "web problems cleared", || {
+        let p = a.debug()["problems"].to_string();
+        (!p.contains("/services/web/")).then_some(())
+    });
+}
+
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn survives_server_restart_serving_last_good_state() {
+    let mut zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    w.create(
+        &provider_path(GREETER, &dubbo_url("10.0.0.1", 20880, GREETER, "")),
+        "",
+    );
+    let a = adapter(&zk, &["--zk-session-timeout", "4s"]);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("greeter served", &xds, |i| find(i, GREETER).is_some());
+
+    zk.kill();
+    wait_for(
+        Duration::from_secs(20),
+        "/readyz 503 while ZooKeeper is down",
+        || http_get(a.admin, "/readyz").ok().filter(|(s, _)| *s == 503),
+    );
+    let items = mcpctl_get(&xds);
+    assert!(
+        find(&items, GREETER).is_some(),
+        "last good state still served: {items:?}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    zk.restart();
+    a.wait_ready();
+    // The writer's own client reconnects too; the next change must arrive.
+    w.create(
+        &provider_path(GREETER, &dubbo_url("10.0.0.2", 20880, GREETER, "")),
+        "",
+    );
+    until("change after restart", &xds, |i| {
+        find(i, GREETER).is_some_and(|g| addresses(g) == ["10.0.0.1", "10.0.0.2"])
+    });
+    // And the one after that (watches re-armed, not just one re-list).
+    w.create_e(
+        "/services/late/1",
+        r#"{"name":"late","address":"10.3.0.1","port":80}"#,
+    );
+    until("second change after restart", &xds, |i| {
+        find(i, "late").is_some()
+    });
+}
+
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn survives_session_expiry() {
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    w.create(
+        &provider_path(GREETER, &dubbo_url("10.0.0.1", 20880, GREETER, "")),
+        "",
+    );
+    let a = adapter(&zk, &["--zk-session-timeout", "2s"]);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("greeter served", &xds, |i| find(i, GREETER).is_some());
+
+    // Freeze the adapter past its session timeout: the server expires the session; on waking
+    // the client is told so and silently opens a new session with no watches.
+    let pid = adapter_pid(&a);
+    signal(pid, "STOP");
+    std::thread::sleep(Duration::from_secs(6));
+    // A change made while the adapter is frozen, and one after it wakes.
+    w.create(
+        &provider_path(GREETER, &dubbo_url("10.0.0.2", 20880, GREETER, "")),
+        "",
+    );
+    signal(pid, "CONT");
+    until("change made during expiry", &xds, |i| {
+        find(i, GREETER).is_some_and(|g| addresses(g).len() == 2)
+    });
+    wait_for(
+        Duration::from_secs(20),
+        "expiry seen in the adapter log",
+        || a.log().contains("expired").then_some(()),
+    );
+    w.create(
+        &provider_path(GREETER, &dubbo_url("10.0.0.3", 20880, GREETER, "")),
+        "",
+    );
+    until("change after new session", &xds, |i| {
+        find(i, GREETER).is_some_and(|g| addresses(g).len() == 3)
+    });
+    w.create_e(
+        "/services/late/1",
+        r#"{"name":"late","address":"10.3.0.1","port":80}"#,
+    );
+    until("new service after new session", &xds, |i| {
+        find(i, "late").is_some()
+    });
+}
+
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn digest_auth_survives_reconnects() {
+    let mut zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    w.auth("mesh:s3cret");
+    w.create_e(
+        "/services/open/1",
+        r#"{"name":"open","address":"10.4.0.1","port":80}"#,
+    );
+    w.create_private(
+        "/services/secret/1",
+        r#"{"name":"secret","address":"10.4.0.2","port":80}"#,
+    );
+
+    // Without credentials: the unreadable instance is a problem, the rest is served.
+    let anon = adapter(&zk, &[]);
+    anon.wait_ready();
+    let xds = format!("xds://{}", anon.grpc);
+    let items = until("open served", &xds, |i| find(i, "open").is_some());
+    assert!(find(&items, "secret").is_none());
+    wait_for(Duration::from_secs(20), "NoAuth problem", || {
+        let p = anon.debug()["problems"].to_string();
+        (p.contains("/services/secret/1") && p.contains("NoAuth")).then_some(())
+    });
+    drop(anon);
+
+    let servers = zk.servers();
+    let a = Adapter::start_with_env(
+        "adapter-zookeeper",
+        &["--zk-servers", servers.as_str(), "--coalesce", "0"],
+        &[("ZK_DIGEST", "mesh:s3cret")],
+    );
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("secret served with credentials", &xds, |i| {
+        find(i, "secret").is_some() && find(i, "open").is_some()
+    });
+    assert!(!a.log().contains("s3cret"), "credentials logged");
+
+    // The client forgets auth on reconnect; the adapter adds it again.
+    zk.restart();
+    a.wait_ready();
+    w.set(
+        "/services/secret/1",
+        r#"{"name":"secret","address":"10.4.0.3","port":80}"#,
+    );
+    until("private change after restart", &xds, |i| {
+        find(i, "secret").is_some_and(|s| addresses(s) == ["10.4.0.3"])
+    });
+    let p = a.debug()["problems"].to_string();
+    assert!(!p.contains("NoAuth"), "{p}");
+}
+
+fn debug_version(a: &Adapter) -> Option<String> {
+    let (_, body) = http_get(a.admin, "/debug/resources").ok()?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["version"].as_str().map(str::to_string)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn thousand_providers_over_hundred_interfaces_and_latency() {
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    let servers = zk.servers();
+    let a = Adapter::start_with_env(
+        "adapter-zookeeper",
+        &["--zk-servers", servers.as_str(), "--coalesce", "0"],
+        &[(
+            "RUST_LOG",
+            std::env::var("ZK_E2E_LOG").as_deref().unwrap_or("info"),
+        )],
+    );
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    let iface = |i: usize| format!("com.example.svc{i:03}");
+    let started = Instant::now();
+    for i in 0..100 {
+        for j in 0..10 {
+            let ip = format!("10.10.{i}.{j}");
+            w.create_e(
+                &provider_path(&iface(i), &dubbo_url(&ip, 20880, &iface(i), "")),
+                "",
+            );
+        }
+    }
+    let written = started.elapsed();
+    let items = until("1000 providers served", &xds, |i| {
+        i.len() == 100
+            && i.iter().all(|s| {
+                s["spec"]["endpoints"]
+                    .as_array()
+                    .is_some_and(|e| e.len() == 10)
+            })
+    });
+    eprintln!(
+        "1000 providers over 100 interfaces: written in {written:?}, all served after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(items.len(), 100);
+
+    // Change-to-served latency: one provider added, until /debug/resources shows a new version.
+    let mut samples = Vec::new();
+    let mut after_ack = Vec::new();
+    for k in 0..60 {
+        let before = debug_version(&a);
+        let t = Instant::now();
+        w.create_e(
+            &provider_path(
+                &iface(k % 100),
+                &dubbo_url(&format!("10.20.{k}.1"), 20880, &iface(k % 100), ""),
+            ),
+            "",
+        );
+        let acked = Instant::now();
+        loop {
+            if debug_version(&a) != before {
+                after_ack.push(acked.elapsed());
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "change {k} not served"
+            );
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    after_ack.sort();
+    eprintln!(
+        "  of which after the write was acknowledged: p50 {:?} p99 {:?}",
+        percentile(&after_ack, 0.5),
+        percentile(&after_ack, 0.99)
+    );
+    eprintln!(
+        "zookeeper change-to-served latency over {} changes (1000 providers, 100 interfaces): p50 {:?} p90 {:?} p99 {:?} max {:?}",
+        samples.len(),
+        percentile(&samples, 0.5),
+        percentile(&samples, 0.9),
+        percentile(&samples, 0.99),
+        samples[samples.len() - 1]
+    );
+    if std::env::var_os("ZK_E2E_LOG").is_some() {
+        eprintln!("{}", a.log());
+    }
+    assert!(percentile(&samples, 0.5) < Duration::from_secs(2));
+}
