@@ -28,6 +28,7 @@ use common::{ads_client, http_get, machine, metric_sum, rss_kib, services, SE};
 
 const SERVICES: usize = 10_000;
 const ENDPOINTS: usize = 10;
+/// Sinks connected at step 3 (override with `MCP_BENCH_SINKS`).
 const SINKS: usize = 5;
 const TARGET_MB: f64 = 150.0;
 
@@ -103,7 +104,11 @@ async fn sinks(addr: SocketAddr, count: usize) {
 }
 
 async fn run() {
-    let mut rows: Vec<(&str, (u64, u64))> = vec![("process start", rss_kib())];
+    let sinks: usize = std::env::var("MCP_BENCH_SINKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SINKS);
+    let mut rows: Vec<(String, (u64, u64))> = vec![("process start".into(), rss_kib())];
 
     let (registry, handle) = fake_registry();
     let running = runtime::start(registry, test_args())
@@ -111,11 +116,11 @@ async fn run() {
         .expect("runtime starts");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let floor = rss_kib();
-    rows.push(("runtime started, empty (floor)", floor));
+    rows.push(("runtime started, empty (floor)".into(), floor));
 
     // The registry's input: the adapter owns it until the writer has consumed the Reset.
     let input = services(SERVICES, ENDPOINTS);
-    rows.push(("+ model input built (10k x 10)", rss_kib()));
+    rows.push(("+ model input built (10k x 10)".into(), rss_kib()));
     let t = Instant::now();
     handle.send(RegistryEvent::Reset(input));
     loop {
@@ -129,13 +134,13 @@ async fn run() {
     let publish_s = t.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let published = rss_kib();
-    rows.push(("10k x 10 published", published));
+    rows.push(("10k x 10 published".into(), published));
 
     let mut child = Command::new(std::env::current_exe().expect("current exe"))
         .args([
             "--sinks",
             &running.grpc_addr.to_string(),
-            &SINKS.to_string(),
+            &sinks.to_string(),
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -154,7 +159,7 @@ async fn run() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let with_sinks = rss_kib();
-    rows.push(("+ 5 sinks got full snapshot", with_sinks));
+    rows.push((format!("+ {sinks} sinks got full snapshot"), with_sinks));
     let m = http_get(running.admin_addr, "/metrics").await;
     let connected = metric_sum(&m, "mcp_adapter_connected_sinks");
     let push_bytes = metric_sum(&m, "mcp_adapter_push_bytes_total");

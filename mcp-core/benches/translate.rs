@@ -196,6 +196,30 @@ fn main() {
     });
     g.finish();
 
+    // Where one-change latency goes at 10k services: Index upsert + flush of a single change.
+    let mut g = c.benchmark_group("one_change_at_10k_services");
+    let mut idx = new_index();
+    idx.apply(RegistryEvent::Reset(services.clone()));
+    idx.flush().expect("first");
+    let mut current = services.clone();
+    let mut k = 0usize;
+    g.bench_function("ours/index_upsert_flush", |b| {
+        b.iter_batched(
+            || {
+                k += 1;
+                let s = &mut current[k % SERVICES];
+                s.labels.insert("bench-rev".into(), format!("r{k}"));
+                s.clone()
+            },
+            |s| {
+                idx.apply(RegistryEvent::Upsert(s));
+                idx.flush().expect("changed")
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+
     // Summary: our own timing loop (same process, interleaved) so the table does not depend on
     // parsing criterion's output.
     const RUNS: usize = 10;
