@@ -3,7 +3,8 @@
 # test including the #[ignore]d ones that need those peers.
 #   - Istio's own MCP client (istio.io/istio/pkg/adsc), built from the Go module proxy into
 #     target/adsc (cold: ~8 min and ~1.5 GB of Go caches; warm: seconds);
-#   - Consul, built from the Go module proxy into target/consul (cold: ~11 min; warm: seconds).
+#   - Consul, built from the Go module proxy into target/consul (cold: ~11 min; warm: seconds);
+#   - ZooKeeper, Debian's package (apt-get; needs root, as on CI machines).
 # Usage: scripts/test.sh            (from anywhere inside the repo)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,6 +20,9 @@ tests/istio-adsc/build.sh target/adsc
 
 echo "==> building Consul (tests/consul)"
 tests/consul/build.sh target/consul
+
+echo "==> installing ZooKeeper (Debian package)"
+scripts/install-zookeeper.sh
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -21,9 +21,43 @@ use crate::client::{ConsulClient, ConsulError, Indexed};
 use crate::config::ConsulConfig;
 use crate::convert::{convert, glob_match, ConvertSettings, HealthEntry};
 
-/// Shortest time between two queries of one watcher: a blocking query that keeps returning
-/// at once (Consul under churn) degrades to polling instead of spinning.
-const MIN_QUERY_INTERVAL: Duration = Duration::from_millis(50);
+/// Rate limit of one watcher's queries (Consul's advice for blocking-query loops): a burst of
+/// [`BURST`] queries, then one per [`REFILL`]. An isolated change is fetched at once; a service
+/// that changes all the time degrades to polling every 50 ms instead of spinning.
+const BURST: u32 = 3;
+const REFILL: Duration = Duration::from_millis(50);
+
+/// Token bucket for one watcher.
+#[derive(Debug)]
+struct RateLimit {
+    tokens: u32,
+    last: tokio::time::Instant,
+}
+
+impl RateLimit {
+    fn new() -> Self {
+        Self {
+            tokens: BURST,
+            last: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Waits until a query may be sent.
+    async fn acquire(&mut self) {
+        let now = tokio::time::Instant::now();
+        let earned = (now.duration_since(self.last).as_millis() / REFILL.as_millis()) as u32;
+        if earned > 0 {
+            self.tokens = (self.tokens + earned).min(BURST);
+            self.last = now;
+        }
+        if self.tokens == 0 {
+            tokio::time::sleep_until(self.last + REFILL).await;
+            self.last += REFILL;
+            self.tokens = 1;
+        }
+        self.tokens -= 1;
+    }
+}
 
 /// Why the adapter cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -253,10 +287,12 @@ fn next_index(previous: u64, returned: u64) -> (u64, bool) {
 }
 
 async fn watch_health(client: ConsulClient, name: String, mut index: u64, tx: mpsc::Sender<Msg>) {
+    let mut limit = RateLimit::new();
     loop {
-        let started = tokio::time::Instant::now();
+        limit.acquire().await;
         match client.health(&name, Some(index)).await {
             Ok(list) => {
+                tracing::debug!(service = %name, index = list.index, "Consul answered a blocking query.");
                 let (next, changed) = next_index(index, list.index);
                 index = next;
                 if changed && tx.send(Msg::Health(name.clone(), list)).await.is_err() {
@@ -268,13 +304,13 @@ async fn watch_health(client: ConsulClient, name: String, mut index: u64, tx: mp
                 return;
             }
         }
-        tokio::time::sleep_until(started + MIN_QUERY_INTERVAL).await;
     }
 }
 
 async fn watch_catalog(client: ConsulClient, mut index: u64, tx: mpsc::Sender<Msg>) {
+    let mut limit = RateLimit::new();
     loop {
-        let started = tokio::time::Instant::now();
+        limit.acquire().await;
         match client.services(Some(index)).await {
             Ok(c) => {
                 let (next, changed) = next_index(index, c.index);
@@ -288,13 +324,30 @@ async fn watch_catalog(client: ConsulClient, mut index: u64, tx: mpsc::Sender<Ms
                 return;
             }
         }
-        tokio::time::sleep_until(started + MIN_QUERY_INTERVAL).await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limit_allows_a_burst_then_one_per_refill() {
+        let mut l = RateLimit::new();
+        let t0 = tokio::time::Instant::now();
+        for _ in 0..BURST {
+            l.acquire().await;
+        }
+        assert_eq!(t0.elapsed(), Duration::ZERO, "a burst goes at once");
+        l.acquire().await;
+        assert_eq!(t0.elapsed(), REFILL);
+        l.acquire().await;
+        assert_eq!(t0.elapsed(), REFILL * 2);
+        tokio::time::sleep(REFILL * 10).await;
+        let t1 = tokio::time::Instant::now();
+        l.acquire().await;
+        assert_eq!(t1.elapsed(), Duration::ZERO, "refilled after a quiet spell");
+    }
 
     #[test]
     fn index_rules() {

@@ -176,12 +176,26 @@ impl Writer {
 
     /// Runs one command; panics unless it answers `ok`.
     pub fn cmd(&mut self, line: &str) {
+        let reply = self.try_cmd(line);
+        assert_eq!(reply, "ok", "zk-writer {line:?}");
+    }
+
+    /// Runs one command, returns the answer (`ok` or `err <reason>`).
+    pub fn try_cmd(&mut self, line: &str) -> String {
         assert!(!line.contains('\n'), "one line per command: {line:?}");
         writeln!(self.stdin, "{line}").expect("write to zk-writer");
         self.stdin.flush().expect("flush zk-writer");
         let mut reply = String::new();
         self.stdout.read_line(&mut reply).expect("zk-writer reply");
-        assert_eq!(reply.trim(), "ok", "zk-writer {line:?}");
+        reply.trim().to_string()
+    }
+
+    /// Runs one command until it succeeds (the writer's own client may still be reconnecting
+    /// after a server restart).
+    pub fn retry(&mut self, line: &str) {
+        wait_for(Duration::from_secs(30), line, || {
+            (self.try_cmd(line) == "ok").then_some(())
+        });
     }
 
     /// Persistent node (parents created).

@@ -324,10 +324,10 @@ fn survives_server_restart_serving_last_good_state() {
     zk.restart();
     a.wait_ready();
     // The writer's own client reconnects too; the next change must arrive.
-    w.create(
-        &provider_path(GREETER, &dubbo_url("10.0.0.2", 20880, GREETER, "")),
-        "",
-    );
+    w.retry(&format!(
+        "create {} ",
+        provider_path(GREETER, &dubbo_url("10.0.0.2", 20880, GREETER, ""))
+    ));
     until("change after restart", &xds, |i| {
         find(i, GREETER).is_some_and(|g| addresses(g) == ["10.0.0.1", "10.0.0.2"])
     });
@@ -388,6 +388,9 @@ fn survives_session_expiry() {
     until("new service after new session", &xds, |i| {
         find(i, "late").is_some()
     });
+    if std::env::var_os("ZK_E2E_LOG").is_some() {
+        eprintln!("{}", a.log());
+    }
 }
 
 #[test]
@@ -433,10 +436,9 @@ fn digest_auth_survives_reconnects() {
     // The client forgets auth on reconnect; the adapter adds it again.
     zk.restart();
     a.wait_ready();
-    w.set(
-        "/services/secret/1",
-        r#"{"name":"secret","address":"10.4.0.3","port":80}"#,
-    );
+    // The writer's client forgot its auth too.
+    w.retry("auth mesh:s3cret");
+    w.retry(r#"set /services/secret/1 {"name":"secret","address":"10.4.0.3","port":80}"#);
     until("private change after restart", &xds, |i| {
         find(i, "secret").is_some_and(|s| addresses(s) == ["10.4.0.3"])
     });

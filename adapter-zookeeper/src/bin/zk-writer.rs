@@ -1,0 +1,113 @@
+//! `zk-writer`: a test helper that holds one ZooKeeper session open and writes znodes as told on
+//! stdin, one command a line, answering `ok` or `err <reason>` on stdout for each:
+//!
+//! * `create PATH DATA` / `create-e PATH DATA`: persistent / ephemeral node (missing parents are
+//!   created persistent; an existing node gets DATA);
+//! * `create-private PATH DATA`: ephemeral node readable only by this session's digest
+//!   identity (after `auth USER:PASSWORD`);
+//! * `auth USER:PASSWORD`: adds digest credentials to the session;
+//! * `set PATH DATA`, `delete PATH`;
+//! * `expire`: closes the session (its ephemeral nodes vanish) and exits.
+//!
+//! DATA is the rest of the line (may be empty). Usage: `zk-writer HOST:PORT[,..][/chroot]`.
+
+use std::time::Duration;
+
+use std::io::{BufRead, Write};
+use zookeeper_async::{Acl, CreateMode, WatchedEvent, ZkError, ZooKeeper, ZooKeeperExt};
+
+async fn run(zk: &ZooKeeper, line: &str) -> Result<bool, String> {
+    let mut parts = line.splitn(3, ' ');
+    let cmd = parts.next().unwrap_or("");
+    let path = parts.next().unwrap_or("");
+    let data = parts.next().unwrap_or("").as_bytes().to_vec();
+    let e = |e: ZkError| format!("{e:?}");
+    match cmd {
+        "auth" => {
+            zk.add_auth("digest", path.as_bytes().to_vec())
+                .await
+                .map_err(e)?;
+        }
+        "create" | "create-e" | "create-private" => {
+            if let Some((parent, _)) = path.rsplit_once('/') {
+                if !parent.is_empty() {
+                    zk.ensure_path(parent).await.map_err(e)?;
+                }
+            }
+            let mode = if cmd == "create" {
+                CreateMode::Persistent
+            } else {
+                CreateMode::Ephemeral
+            };
+            let acl = if cmd == "create-private" {
+                Acl::creator_all().clone()
+            } else {
+                Acl::open_unsafe().clone()
+            };
+            match zk.create(path, data.clone(), acl, mode).await {
+                Ok(_) => {}
+                Err(ZkError::NodeExists) => {
+                    zk.set_data(path, data, None).await.map_err(e)?;
+                }
+                Err(err) => return Err(e(err)),
+            }
+        }
+        "set" => {
+            zk.set_data(path, data, None).await.map_err(e)?;
+        }
+        "delete" => match zk.delete(path, None).await {
+            Ok(()) | Err(ZkError::NoNode) => {}
+            Err(err) => return Err(e(err)),
+        },
+        "expire" => {
+            zk.close().await.map_err(e)?;
+            return Ok(false);
+        }
+        "" => {}
+        other => return Err(format!("unknown command {other:?}")),
+    }
+    Ok(true)
+}
+
+fn main() -> anyhow::Result<()> {
+    let servers = std::env::args()
+        .nth(1)
+        .ok_or_else(|| anyhow::anyhow!("usage: zk-writer HOST:PORT"))?;
+    // The client's IO runs on the runtime's workers; stdin is read on this thread.
+    let rt = tokio::runtime::Runtime::new()?;
+    let zk = rt
+        .block_on(ZooKeeper::connect(
+            &servers,
+            Duration::from_secs(30),
+            |_: WatchedEvent| {},
+        ))
+        .map_err(|e| anyhow::anyhow!("connect: {e:?}"))?;
+    let ok = rt.block_on(async {
+        for _ in 0..100 {
+            if tokio::time::timeout(Duration::from_secs(1), zk.exists("/", false))
+                .await
+                .is_ok_and(|r| r.is_ok())
+            {
+                return true;
+            }
+        }
+        false
+    });
+    anyhow::ensure!(ok, "no ZooKeeper session with {servers}");
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let (reply, more) = match rt.block_on(run(&zk, line.trim_end_matches('\r'))) {
+            Ok(more) => ("ok".to_string(), more),
+            Err(e) => (format!("err {e}"), true),
+        };
+        writeln!(out, "{reply}")?;
+        out.flush()?;
+        if !more {
+            break;
+        }
+    }
+    Ok(())
+}

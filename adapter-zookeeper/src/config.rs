@@ -1,0 +1,132 @@
+//! Command-line and environment settings of adapter-zookeeper.
+//!
+//! The digest credentials never come from a flag value (they would show in `ps` and shell
+//! history): they are read from `ZK_DIGEST` or from the file named by `--zk-digest-file`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mcp_core::cli::parse_duration;
+
+/// Which ZooKeeper layouts to read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Layout {
+    /// Dubbo 2 interface level: `/dubbo/{interface}/providers/{URL}`.
+    Dubbo,
+    /// Curator x-discovery / Spring Cloud Zookeeper: `/services/{name}/{id}` JSON.
+    Curator,
+    /// Dubbo 3 application level: `/services/{app}/{ip:port}` Curator JSON with Dubbo metadata.
+    Dubbo3,
+    /// All three: each service directory is classified by what it holds.
+    #[default]
+    Auto,
+}
+
+/// ZooKeeper connection and selection settings.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ZookeeperConfig {
+    /// ZooKeeper ensemble: `host:port,host:port[/chroot]`.
+    #[arg(long, env = "ZK_SERVERS", default_value = "127.0.0.1:2181")]
+    pub zk_servers: String,
+
+    /// Session timeout asked from the server (it clamps it to its min/max).
+    #[arg(long, env = "ZK_SESSION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub zk_session_timeout: Duration,
+
+    /// File holding digest credentials `user:password` (may also come from ZK_DIGEST).
+    #[arg(long, env = "ZK_DIGEST_FILE")]
+    pub zk_digest_file: Option<PathBuf>,
+
+    /// Layouts to read.
+    #[arg(long, env = "MCP_ZK_LAYOUT", value_enum, default_value_t = Layout::Auto)]
+    pub layout: Layout,
+
+    /// Root paths to read (repeatable; default: `/dubbo` for dubbo, `/services` for curator and
+    /// dubbo3, both for auto).
+    #[arg(long = "root", env = "MCP_ZK_ROOTS", value_delimiter = ',')]
+    pub roots: Vec<String>,
+
+    /// Re-list everything this often even without watch events (watches are only hints).
+    #[arg(long, env = "MCP_ZK_RESYNC_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+
+    /// Longest time one ZooKeeper request may take before the watch is restarted.
+    #[arg(long, env = "MCP_ZK_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub zk_request_timeout: Duration,
+
+    /// How many znodes are read at once when listing.
+    #[arg(long, env = "MCP_ZK_CONCURRENCY", default_value_t = 64)]
+    pub zk_concurrency: usize,
+}
+
+impl ZookeeperConfig {
+    /// The roots to read, with the layout of each (`None` = classify each directory).
+    pub fn roots(&self) -> Vec<(String, Layout)> {
+        let defaults: &[(&str, Layout)] = match self.layout {
+            Layout::Dubbo => &[("/dubbo", Layout::Dubbo)],
+            Layout::Curator => &[("/services", Layout::Curator)],
+            Layout::Dubbo3 => &[("/services", Layout::Dubbo3)],
+            Layout::Auto => &[("/dubbo", Layout::Auto), ("/services", Layout::Auto)],
+        };
+        let mut out: Vec<(String, Layout)> = if self.roots.is_empty() {
+            defaults
+                .iter()
+                .map(|(r, l)| ((*r).to_string(), *l))
+                .collect()
+        } else {
+            self.roots
+                .iter()
+                .map(|r| (normalize_root(r), self.layout))
+                .collect()
+        };
+        out.sort();
+        out.dedup_by(|a, b| a.0 == b.0);
+        out
+    }
+}
+
+/// `/x/` -> `/x`, `x` -> `/x`.
+pub fn normalize_root(r: &str) -> String {
+    let t = r.trim().trim_end_matches('/');
+    if t.is_empty() {
+        "/".to_string()
+    } else if t.starts_with('/') {
+        t.to_string()
+    } else {
+        format!("/{t}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots() {
+        assert_eq!(normalize_root("dubbo/"), "/dubbo");
+        assert_eq!(normalize_root("/"), "/");
+        let cfg = ZookeeperConfig {
+            zk_servers: String::new(),
+            zk_session_timeout: Duration::from_secs(10),
+            zk_digest_file: None,
+            layout: Layout::Auto,
+            roots: vec![],
+            resync_interval: Duration::from_secs(60),
+            zk_request_timeout: Duration::from_secs(10),
+            zk_concurrency: 8,
+        };
+        assert_eq!(
+            cfg.roots(),
+            vec![
+                ("/dubbo".to_string(), Layout::Auto),
+                ("/services".to_string(), Layout::Auto)
+            ]
+        );
+        let dubbo = ZookeeperConfig {
+            layout: Layout::Dubbo,
+            roots: vec!["/a/".into(), "/a".into()],
+            ..cfg
+        };
+        assert_eq!(dubbo.roots(), vec![("/a".to_string(), Layout::Dubbo)]);
+    }
+}
