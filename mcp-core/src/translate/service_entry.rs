@@ -77,10 +77,10 @@ pub fn translate(service: &Service, cfg: &TranslateConfig) -> Result<Translated,
         .workload_selector
         .as_ref()
         .map(|sel| WorkloadSelector {
-            labels: clean_labels(sel, "spec.workloadSelector.labels", &mut warnings),
+            labels: clean_labels(sel, || "spec.workloadSelector.labels".into(), &mut warnings),
         });
 
-    let mut labels = clean_labels(&service.labels, "metadata.labels", &mut warnings);
+    let mut labels = clean_labels(&service.labels, || "metadata.labels".into(), &mut warnings);
     labels.insert(LABEL_REGISTRY.into(), label_safe(&cfg.registry));
     labels.insert(LABEL_SOURCE.into(), label_safe(&cfg.source));
 
@@ -259,8 +259,10 @@ fn endpoints(
     }
     let mut out = Vec::with_capacity(service.endpoints.len());
     for (i, ep) in service.endpoints.iter().enumerate() {
-        let field = format!("spec.endpoints[{i}]");
+        // Field paths are only formatted when something is wrong (this loop is the hot path).
+        let field = || format!("spec.endpoints[{i}]");
         if let Err(e) = check_endpoint_address(ep, service.resolution) {
+            let field = field();
             warnings.push((
                 WarningKind::Endpoint,
                 format!("{field}.address: {e}; endpoint dropped"),
@@ -270,6 +272,7 @@ fn endpoints(
         let mut ep_ports = BTreeMap::new();
         for (name, &number) in &ep.ports {
             if !ports.iter().any(|p| &p.name == name) {
+                let field = field();
                 warnings.push((
                     WarningKind::EndpointPort,
                     format!(
@@ -277,6 +280,7 @@ fn endpoints(
                     ),
                 ));
             } else if number == 0 || number > 65535 {
+                let field = field();
                 warnings.push((
                     WarningKind::EndpointPort,
                     format!("{field}.ports.{name}: {number} is not in 1-65535; mapping dropped"),
@@ -288,7 +292,7 @@ fn endpoints(
         out.push(WorkloadEntry {
             address: ep.address.clone(),
             ports: ep_ports,
-            labels: clean_labels(&ep.labels, &format!("{field}.labels"), warnings),
+            labels: clean_labels(&ep.labels, || format!("{}.labels", field()), warnings),
             network: ep.network.clone().unwrap_or_default(),
             locality: ep.locality.clone().unwrap_or_default(),
             weight: ep.weight.unwrap_or(0),
@@ -324,14 +328,21 @@ fn check_endpoint_address(ep: &Endpoint, resolution: Resolution) -> Result<(), S
 }
 
 /// Drops labels Kubernetes would reject, one warning each.
-fn clean_labels(labels: &Labels, field: &str, warnings: &mut Vec<(WarningKind, String)>) -> Labels {
+fn clean_labels(
+    labels: &Labels,
+    field: impl Fn() -> String,
+    warnings: &mut Vec<(WarningKind, String)>,
+) -> Labels {
     let mut out = Labels::new();
     for (k, v) in labels {
         match check_label_key(k).and_then(|()| check_label_value(k, v)) {
             Ok(()) => {
                 out.insert(k.clone(), v.clone());
             }
-            Err(e) => warnings.push((WarningKind::Label, format!("{field}: {e}; label dropped"))),
+            Err(e) => warnings.push((
+                WarningKind::Label,
+                format!("{}: {e}; label dropped", field()),
+            )),
         }
     }
     out
