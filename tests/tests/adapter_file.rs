@@ -223,3 +223,43 @@ fn two_replicas_serve_identical_names_versions_and_create_time() {
     let three = start(dir.path());
     assert_eq!(get(&format!("xds://{}", three.grpc)), b);
 }
+
+#[test]
+fn sigterm_shuts_down_gracefully_with_a_sink_connected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.yaml"), se("a", "10.0.0.1")).expect("write");
+    let mut adapter = start(dir.path());
+    // A sink stays connected (mcpctl --watch) while the adapter is told to stop.
+    let mut watch = Command::new(workspace_bin("mcpctl"))
+        .args([
+            "get",
+            "se",
+            "--server",
+            &format!("xds://{}", adapter.grpc),
+            "--watch",
+            "-o",
+            "json",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("mcpctl --watch");
+    wait_for(Duration::from_secs(10), "sink connected", || {
+        adapter
+            .get("/metrics")
+            .1
+            .contains("mcp_adapter_connected_sinks{protocol=\"xds\",registry=\"file\"} 1")
+            .then_some(())
+    });
+    let status = adapter
+        .terminate(Duration::from_secs(10))
+        .expect("exits within 10s of SIGTERM");
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        adapter.log()
+    );
+    assert!(adapter.log().contains("Shutting down"), "{}", adapter.log());
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
