@@ -175,10 +175,11 @@ impl Index {
         });
         state.hash = hash;
         state.origin.clone_from(&service.origin);
-        match translate(&service, &self.cfg) {
+        let origin = service.origin.clone();
+        match translate(service, &self.cfg) {
             Ok(t) => {
                 for (kind, w) in &t.warnings {
-                    tracing::warn!(origin = %service.origin, warning = %w, "Dropped part of a service to keep it valid.");
+                    tracing::warn!(origin = %origin, warning = %w, "Dropped part of a service to keep it valid.");
                     self.metrics
                         .translation_warnings
                         .with_label_values(&[kind.as_str()])
@@ -190,7 +191,7 @@ impl Index {
                     .as_ref()
                     .is_some_and(|e| e.version == entry.version && e.name == entry.name);
                 if state.invalid.take().is_some() {
-                    tracing::info!(origin = %service.origin, "Service is valid again.");
+                    tracing::info!(origin = %origin, "Service is valid again.");
                     self.invalid.remove(&key);
                 }
                 if !same {

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use proto::istio::networking::v1alpha3::ServiceEntry;
 
-use crate::model::{Labels, Service};
+use crate::model::Labels;
 
 pub use service_entry::translate;
 
@@ -87,13 +87,4 @@ pub struct Invalid {
     pub origin: String,
     /// One `field: problem` per error.
     pub errors: Vec<String>,
-}
-
-impl Invalid {
-    pub(crate) fn new(service: &Service, errors: Vec<String>) -> Self {
-        Self {
-            origin: service.origin.clone(),
-            errors,
-        }
-    }
 }

@@ -1,7 +1,7 @@
 //! Service -> ServiceEntry, with Istio's validation rules applied on our side (istiod drops an
 //! invalid ServiceEntry silently, so the source must not send one).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use proto::istio::networking::v1alpha3::{
@@ -16,41 +16,61 @@ use super::{
     Invalid, TranslateConfig, Translated, WarningKind, FIXED_CREATE_TIME, LABEL_REGISTRY,
     LABEL_SOURCE,
 };
-use crate::model::{Endpoint, Host, Labels, Location, Resolution, Service};
+use crate::model::{Endpoint, Host, Labels, Location, Port, Resolution, Service};
 
-/// Builds the ServiceEntry for `service`, or says every reason it cannot be served.
-pub fn translate(service: &Service, cfg: &TranslateConfig) -> Result<Translated, Invalid> {
+/// Builds the ServiceEntry for `service`, or says every reason it cannot be served. Takes the
+/// service by value: its strings move into the ServiceEntry instead of being copied (the
+/// writer owns every service it translates).
+pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, Invalid> {
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
+    let Service {
+        key,
+        origin,
+        hosts: model_hosts,
+        addresses: model_addresses,
+        ports: model_ports,
+        location,
+        resolution,
+        endpoints: model_endpoints,
+        export_to: model_export_to,
+        subject_alt_names,
+        workload_selector,
+        labels: model_labels,
+        annotations,
+        create_time,
+    } = service;
 
-    let namespace = service
-        .key
-        .namespace
-        .clone()
-        .unwrap_or_else(|| cfg.namespace.clone());
+    let namespace = key.namespace.unwrap_or_else(|| cfg.namespace.clone());
     if !is_dns_label(&namespace) {
         errors.push(format!(
             "metadata.namespace: {namespace:?} is not a valid namespace (DNS label)"
         ));
     }
-    let short = map_resource_name(&service.key.name);
+    let short = map_resource_name(&key.name);
     if short.is_empty() {
         errors.push(format!(
             "metadata.name: {:?} maps to an empty name",
-            service.key.name
+            key.name
         ));
     }
 
-    let hosts = hosts(service, cfg, &mut errors);
-    let ports = ports(service, &mut errors);
-    let addresses = addresses(service, &mut errors);
-    let export_to = export_to(service, cfg, &mut errors);
+    let hosts = hosts(&model_hosts, cfg, &mut errors);
+    let ports = ports(model_ports, &mut errors);
+    let addresses = addresses(model_addresses, resolution, &mut errors);
+    let export_to = export_to(model_export_to, cfg, &mut errors);
 
-    if service.workload_selector.is_some() && !service.endpoints.is_empty() {
+    if workload_selector.is_some() && !model_endpoints.is_empty() {
         errors.push("spec: workloadSelector and endpoints are mutually exclusive".into());
     }
-    let endpoints = endpoints(service, &ports, &mut errors, &mut warnings);
-    if service.resolution != Resolution::None
+    let endpoints = endpoints(
+        model_endpoints,
+        resolution,
+        &ports,
+        &mut errors,
+        &mut warnings,
+    );
+    if resolution != Resolution::None
         && hosts.len() > 1
         && ports
             .iter()
@@ -61,11 +81,9 @@ pub fn translate(service: &Service, cfg: &TranslateConfig) -> Result<Translated,
                 .into(),
         );
     }
-    if matches!(
-        service.resolution,
-        Resolution::Dns | Resolution::DnsRoundRobin
-    ) && endpoints.is_empty()
-        && service.workload_selector.is_none()
+    if matches!(resolution, Resolution::Dns | Resolution::DnsRoundRobin)
+        && endpoints.is_empty()
+        && workload_selector.is_none()
         && hosts.iter().any(|h| h.starts_with("*."))
     {
         errors.push(
@@ -73,29 +91,26 @@ pub fn translate(service: &Service, cfg: &TranslateConfig) -> Result<Translated,
         );
     }
 
-    let workload_selector = service
-        .workload_selector
-        .as_ref()
-        .map(|sel| WorkloadSelector {
-            labels: clean_labels(sel, || "spec.workloadSelector.labels".into(), &mut warnings),
-        });
+    let workload_selector = workload_selector.map(|sel| WorkloadSelector {
+        labels: clean_labels(sel, || "spec.workloadSelector.labels".into(), &mut warnings),
+    });
 
-    let mut labels = clean_labels(&service.labels, || "metadata.labels".into(), &mut warnings);
+    let mut labels = clean_labels(model_labels, || "metadata.labels".into(), &mut warnings);
     labels.insert(LABEL_REGISTRY.into(), label_safe(&cfg.registry));
     labels.insert(LABEL_SOURCE.into(), label_safe(&cfg.source));
 
     if !errors.is_empty() {
-        return Err(Invalid::new(service, errors));
+        return Err(Invalid { origin, errors });
     }
     let spec = ServiceEntry {
         hosts,
         addresses,
         ports,
-        location: match service.location {
+        location: match location {
             Location::External => service_entry::Location::MeshExternal,
             Location::Internal => service_entry::Location::MeshInternal,
         } as i32,
-        resolution: match service.resolution {
+        resolution: match resolution {
             Resolution::None => service_entry::Resolution::None,
             Resolution::Static => service_entry::Resolution::Static,
             Resolution::Dns => service_entry::Resolution::Dns,
@@ -103,25 +118,25 @@ pub fn translate(service: &Service, cfg: &TranslateConfig) -> Result<Translated,
         } as i32,
         endpoints,
         export_to,
-        subject_alt_names: service.subject_alt_names.clone(),
+        subject_alt_names,
         workload_selector,
     };
     Ok(Translated {
         name: format!("{namespace}/{short}"),
-        create_time: service.create_time.unwrap_or(FIXED_CREATE_TIME),
+        create_time: create_time.unwrap_or(FIXED_CREATE_TIME),
         labels,
-        annotations: service.annotations.clone(),
+        annotations,
         spec,
         warnings,
     })
 }
 
-fn hosts(service: &Service, cfg: &TranslateConfig, errors: &mut Vec<String>) -> Vec<String> {
-    let mut out = Vec::with_capacity(service.hosts.len());
-    if service.hosts.is_empty() {
+fn hosts(model: &[Host], cfg: &TranslateConfig, errors: &mut Vec<String>) -> Vec<String> {
+    let mut out = Vec::with_capacity(model.len());
+    if model.is_empty() {
         errors.push("spec.hosts: at least one host is required".into());
     }
-    for (i, host) in service.hosts.iter().enumerate() {
+    for (i, host) in model.iter().enumerate() {
         let h = match host {
             Host::Absolute(h) => match check_host(h) {
                 Ok(h) => h,
@@ -156,11 +171,11 @@ fn hosts(service: &Service, cfg: &TranslateConfig, errors: &mut Vec<String>) -> 
     out
 }
 
-fn ports(service: &Service, errors: &mut Vec<String>) -> Vec<ServicePort> {
+fn ports(model: Vec<Port>, errors: &mut Vec<String>) -> Vec<ServicePort> {
     let mut names = BTreeSet::new();
     let mut numbers = BTreeSet::new();
-    let mut out = Vec::with_capacity(service.ports.len());
-    for (i, p) in service.ports.iter().enumerate() {
+    let mut out = Vec::with_capacity(model.len());
+    for (i, p) in model.into_iter().enumerate() {
         let field = format!("spec.ports[{i}]");
         if p.number == 0 || p.number > 65535 {
             errors.push(format!("{field}.number: {} is not in 1-65535", p.number));
@@ -195,15 +210,15 @@ fn ports(service: &Service, errors: &mut Vec<String>) -> Vec<ServicePort> {
         out.push(ServicePort {
             number: p.number,
             protocol,
-            name: p.name.clone(),
+            name: p.name,
             target_port: p.target_port.unwrap_or(0),
         });
     }
     out
 }
 
-fn addresses(service: &Service, errors: &mut Vec<String>) -> Vec<String> {
-    for (i, a) in service.addresses.iter().enumerate() {
+fn addresses(model: Vec<String>, resolution: Resolution, errors: &mut Vec<String>) -> Vec<String> {
+    for (i, a) in model.iter().enumerate() {
         let (ip, prefix) = match a.split_once('/') {
             Some((ip, p)) => (ip, Some(p)),
             None => (a.as_str(), None),
@@ -213,7 +228,7 @@ fn addresses(service: &Service, errors: &mut Vec<String>) -> Vec<String> {
             (Ok(addr), Some(p)) => {
                 let max = if addr.is_ipv4() { 32 } else { 128 };
                 p.parse::<u8>().is_ok_and(|p| p <= max)
-                    && matches!(service.resolution, Resolution::None | Resolution::Static)
+                    && matches!(resolution, Resolution::None | Resolution::Static)
             }
             (Err(_), _) => false,
         };
@@ -223,14 +238,14 @@ fn addresses(service: &Service, errors: &mut Vec<String>) -> Vec<String> {
             ));
         }
     }
-    service.addresses.clone()
+    model
 }
 
-fn export_to(service: &Service, cfg: &TranslateConfig, errors: &mut Vec<String>) -> Vec<String> {
-    let list = if service.export_to.is_empty() {
-        &cfg.export_to
+fn export_to(model: Vec<String>, cfg: &TranslateConfig, errors: &mut Vec<String>) -> Vec<String> {
+    let list = if model.is_empty() {
+        cfg.export_to.clone()
     } else {
-        &service.export_to
+        model
     };
     for (i, e) in list.iter().enumerate() {
         if !(e == "*" || e == "." || e == "~" || is_dns_label(e)) {
@@ -242,26 +257,27 @@ fn export_to(service: &Service, cfg: &TranslateConfig, errors: &mut Vec<String>)
     if list.len() > 1 && list.iter().any(|e| e == "*") {
         errors.push("spec.exportTo: '*' cannot be combined with other entries".into());
     }
-    list.clone()
+    list
 }
 
 fn endpoints(
-    service: &Service,
+    model: Vec<Endpoint>,
+    resolution: Resolution,
     ports: &[ServicePort],
     errors: &mut Vec<String>,
     warnings: &mut Vec<(WarningKind, String)>,
 ) -> Vec<WorkloadEntry> {
-    if service.resolution == Resolution::None {
-        if !service.endpoints.is_empty() {
+    if resolution == Resolution::None {
+        if !model.is_empty() {
             errors.push("spec.endpoints: resolution NONE cannot have endpoints".into());
         }
         return Vec::new();
     }
-    let mut out = Vec::with_capacity(service.endpoints.len());
-    for (i, ep) in service.endpoints.iter().enumerate() {
+    let mut out = Vec::with_capacity(model.len());
+    for (i, ep) in model.into_iter().enumerate() {
         // Field paths are only formatted when something is wrong (this loop is the hot path).
         let field = || format!("spec.endpoints[{i}]");
-        if let Err(e) = check_endpoint_address(ep, service.resolution) {
+        if let Err(e) = check_endpoint_address(&ep, resolution) {
             let field = field();
             warnings.push((
                 WarningKind::Endpoint,
@@ -269,8 +285,9 @@ fn endpoints(
             ));
             continue;
         }
-        let mut ep_ports = BTreeMap::new();
-        for (name, &number) in &ep.ports {
+        let mut ep_ports = ep.ports;
+        ep_ports.retain(|name, number| {
+            let number = *number;
             if !ports.iter().any(|p| &p.name == name) {
                 let field = field();
                 warnings.push((
@@ -286,17 +303,18 @@ fn endpoints(
                     format!("{field}.ports.{name}: {number} is not in 1-65535; mapping dropped"),
                 ));
             } else {
-                ep_ports.insert(name.clone(), number);
+                return true;
             }
-        }
+            false
+        });
         out.push(WorkloadEntry {
-            address: ep.address.clone(),
+            address: ep.address,
             ports: ep_ports,
-            labels: clean_labels(&ep.labels, || format!("{}.labels", field()), warnings),
-            network: ep.network.clone().unwrap_or_default(),
-            locality: ep.locality.clone().unwrap_or_default(),
+            labels: clean_labels(ep.labels, || format!("{}.labels", field()), warnings),
+            network: ep.network.unwrap_or_default(),
+            locality: ep.locality.unwrap_or_default(),
             weight: ep.weight.unwrap_or(0),
-            service_account: ep.service_account.clone().unwrap_or_default(),
+            service_account: ep.service_account.unwrap_or_default(),
         });
     }
     // Registries list instances in no particular order; sorted output keeps versions stable.
@@ -304,7 +322,7 @@ fn endpoints(
         (&a.address, &a.ports, &a.labels, a.weight)
             .cmp(&(&b.address, &b.ports, &b.labels, b.weight))
     });
-    if service.resolution == Resolution::DnsRoundRobin && out.len() > 1 {
+    if resolution == Resolution::DnsRoundRobin && out.len() > 1 {
         errors.push(format!(
             "spec.endpoints: DNS_ROUND_ROBIN allows at most one endpoint, got {}",
             out.len()
@@ -329,23 +347,23 @@ fn check_endpoint_address(ep: &Endpoint, resolution: Resolution) -> Result<(), S
 
 /// Drops labels Kubernetes would reject, one warning each.
 fn clean_labels(
-    labels: &Labels,
+    mut labels: Labels,
     field: impl Fn() -> String,
     warnings: &mut Vec<(WarningKind, String)>,
 ) -> Labels {
-    let mut out = Labels::new();
-    for (k, v) in labels {
-        match check_label_key(k).and_then(|()| check_label_value(k, v)) {
-            Ok(()) => {
-                out.insert(k.clone(), v.clone());
+    labels.retain(
+        |k, v| match check_label_key(k).and_then(|()| check_label_value(k, v)) {
+            Ok(()) => true,
+            Err(e) => {
+                warnings.push((
+                    WarningKind::Label,
+                    format!("{}: {e}; label dropped", field()),
+                ));
+                false
             }
-            Err(e) => warnings.push((
-                WarningKind::Label,
-                format!("{}: {e}; label dropped", field()),
-            )),
-        }
-    }
-    out
+        },
+    );
+    labels
 }
 
 /// Source and registry names become label values; map them rather than fail.
@@ -396,7 +414,7 @@ mod tests {
         let mut s = mk_service("Web_Front");
         s.endpoints = vec![mk_endpoint("10.0.0.2"), mk_endpoint("10.0.0.1")];
         s.labels.insert("team".into(), "a".into());
-        let t = translate(&s, &cfg()).expect("valid");
+        let t = translate(s.clone(), &cfg()).expect("valid");
         assert_eq!(t.name, "consul/web-front");
         assert_eq!(t.spec.hosts, vec!["web-front.service.consul"]);
         assert_eq!(t.spec.ports[0].protocol, "HTTP");
@@ -427,7 +445,7 @@ mod tests {
         good.ports.insert("http".into(), 9090);
         good.ports.insert("nope".into(), 1);
         s.endpoints = vec![good, mk_endpoint("host.example.com")];
-        let t = translate(&s, &cfg()).expect("valid");
+        let t = translate(s.clone(), &cfg()).expect("valid");
         assert_eq!(t.spec.endpoints.len(), 1);
         let ep = &t.spec.endpoints[0];
         assert_eq!(ep.labels.len(), 1);
@@ -450,7 +468,7 @@ mod tests {
             target_port: None,
         });
         s.hosts.push(Host::Absolute("bad_host".into()));
-        let err = translate(&s, &cfg()).expect_err("invalid");
+        let err = translate(s.clone(), &cfg()).expect_err("invalid");
         assert_eq!(err.origin, "test service web");
         let all = err.errors.join("\n");
         assert!(
@@ -467,23 +485,23 @@ mod tests {
         let mut s = mk_service("web");
         s.resolution = Resolution::None;
         s.endpoints = vec![mk_endpoint("10.0.0.1")];
-        assert!(translate(&s, &cfg()).is_err());
+        assert!(translate(s.clone(), &cfg()).is_err());
 
         let mut s = mk_service("web");
         s.resolution = Resolution::DnsRoundRobin;
         s.endpoints = vec![mk_endpoint("a.example.com"), mk_endpoint("b.example.com")];
-        assert!(translate(&s, &cfg()).is_err());
+        assert!(translate(s.clone(), &cfg()).is_err());
 
         let mut s = mk_service("web");
         s.resolution = Resolution::Dns;
         s.endpoints = vec![mk_endpoint("a.example.com")];
-        assert!(translate(&s, &cfg()).is_ok());
+        assert!(translate(s.clone(), &cfg()).is_ok());
 
         // Several hosts on a TCP port cannot be told apart.
         let mut s = mk_service("web");
         s.ports[0].protocol = Some("TCP".into());
         s.hosts.push(Host::Absolute("other.example.com".into()));
-        assert!(translate(&s, &cfg()).is_err());
+        assert!(translate(s.clone(), &cfg()).is_err());
     }
 
     #[test]
@@ -492,7 +510,7 @@ mod tests {
         s.key = ServiceKey::namespaced("Bad_NS", "web");
         s.export_to = vec!["*".into(), "ns1".into()];
         s.addresses = vec!["10.0.0.0/33".into(), "nope".into()];
-        let all = translate(&s, &cfg())
+        let all = translate(s.clone(), &cfg())
             .expect_err("invalid")
             .errors
             .join("\n");
@@ -505,7 +523,7 @@ mod tests {
         s.addresses = vec!["240.0.0.1".into(), "10.1.0.0/16".into()];
         let mut c = cfg();
         c.export_to = vec![".".into()];
-        let t = translate(&s, &c).expect("valid");
+        let t = translate(s.clone(), &c).expect("valid");
         assert_eq!(t.spec.export_to, vec!["."]);
     }
 }
