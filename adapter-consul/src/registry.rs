@@ -117,6 +117,9 @@ impl Registry for ConsulRegistry {
     }
 }
 
+/// One service's first listing.
+type HealthResult = Result<Indexed<Vec<HealthEntry>>, ConsulError>;
+
 enum Msg {
     Catalog(Indexed<BTreeMap<String, Vec<String>>>),
     Health(String, Indexed<Vec<HealthEntry>>),
@@ -157,18 +160,17 @@ impl Inner {
             .cloned()
             .collect();
         tracing::info!(addr = %self.client.addr(), services = names.len(), "Listing Consul services.");
-        let lists: Vec<(String, Result<Indexed<Vec<HealthEntry>>, ConsulError>)> =
-            stream::iter(names)
-                .map(|name| {
-                    let client = self.client.clone();
-                    async move {
-                        let r = client.health(&name, None).await;
-                        (name, r)
-                    }
-                })
-                .buffer_unordered(self.concurrency)
-                .collect()
-                .await;
+        let lists: Vec<(String, HealthResult)> = stream::iter(names)
+            .map(|name| {
+                let client = self.client.clone();
+                async move {
+                    let r = client.health(&name, None).await;
+                    (name, r)
+                }
+            })
+            .buffer_unordered(self.concurrency)
+            .collect()
+            .await;
 
         let (msg_tx, mut msgs) = mpsc::channel::<Msg>(1024);
         // Dropping the set (when this function returns) stops every watcher.
