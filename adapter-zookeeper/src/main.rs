@@ -28,3 +28,12 @@ fn main() -> anyhow::Result<()> {
         .block_on(mcp_core::runtime::run(registry, args.common))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn flags_are_consistent() {
+        use clap::CommandFactory;
+        super::Args::command().debug_assert();
+    }
+}
