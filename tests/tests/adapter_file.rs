@@ -3,44 +3,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use e2e::{wait_for, workspace_bin, Adapter};
-
-/// `mcpctl get se -o json` against `server`: the items.
-fn get(server: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(workspace_bin("mcpctl"))
-        .args([
-            "get",
-            "serviceentries",
-            "--server",
-            server,
-            "-o",
-            "json",
-            "--timeout",
-            "5s",
-        ])
-        .output()
-        .expect("run mcpctl");
-    assert!(
-        out.status.success(),
-        "mcpctl failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("mcpctl JSON");
-    list["items"].as_array().cloned().unwrap_or_default()
-}
-
-fn names(items: &[serde_json::Value]) -> Vec<String> {
-    items
-        .iter()
-        .map(|i| {
-            format!(
-                "{}/{}",
-                i["metadata"]["namespace"].as_str().unwrap_or(""),
-                i["metadata"]["name"].as_str().unwrap_or("")
-            )
-        })
-        .collect()
-}
+use e2e::{item_names as names, mcpctl_get as get, wait_for, workspace_bin, Adapter};
 
 fn se(name: &str, ip: &str) -> String {
     format!(
