@@ -29,7 +29,7 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     let p = target_dir().join(name);
     assert!(
         p.exists(),
-        "{} not built: run the tests with `cargo test --workspace`",
+        "{} not built: run `cargo build --workspace --bins` first (scripts/test.sh does)",
         p.display()
     );
     p
