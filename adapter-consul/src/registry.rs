@@ -83,6 +83,9 @@ struct Inner {
     include: Vec<String>,
     exclude: Vec<String>,
     concurrency: usize,
+    /// Services with problems reported, across watches: a re-list clears those of services
+    /// that vanished meanwhile.
+    reported: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl ConsulRegistry {
@@ -101,6 +104,7 @@ impl ConsulRegistry {
                 include: cfg.services.clone(),
                 exclude: cfg.exclude_services.clone(),
                 concurrency: cfg.concurrency.max(1),
+                reported: Default::default(),
             }),
         })
     }
@@ -143,12 +147,34 @@ impl Inner {
         for p in &c.problems {
             tracing::warn!(service = %name, problem = %p, "Skipped part of a Consul service.");
         }
-        tx.send(RegistryEvent::Problems {
-            scope: format!("consul service {name}"),
-            problems: c.problems,
-        })
-        .await?;
+        self.report(tx, name, c.problems).await?;
         Ok(c.service)
+    }
+
+    /// Sends a service's problems when it has some, or had some before (to clear them).
+    async fn report(
+        &self,
+        tx: &EventSender,
+        name: &str,
+        problems: Vec<String>,
+    ) -> Result<(), RegistryError> {
+        let send = {
+            let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+            if problems.is_empty() {
+                reported.remove(name)
+            } else {
+                reported.insert(name.to_string());
+                true
+            }
+        };
+        if send {
+            tx.send(RegistryEvent::Problems {
+                scope: format!("consul service {name}"),
+                problems,
+            })
+            .await?;
+        }
+        Ok(())
     }
 
     async fn watch(self: Arc<Self>, tx: EventSender) -> Result<(), ConsulError> {
@@ -197,6 +223,19 @@ impl Inner {
         tx.send(RegistryEvent::Reset(services))
             .await
             .map_err(|_| ended())?;
+        let stale: Vec<String> = {
+            let reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+            reported
+                .iter()
+                .filter(|n| !handles.contains_key(*n))
+                .cloned()
+                .collect()
+        };
+        for name in stale {
+            self.report(&tx, &name, Vec::new())
+                .await
+                .map_err(|_| ended())?;
+        }
         watchers.spawn(watch_catalog(
             self.client.clone(),
             catalog.index,
@@ -235,12 +274,9 @@ impl Inner {
                                 .await
                                 .map_err(|_| ended())?;
                         }
-                        tx.send(RegistryEvent::Problems {
-                            scope: format!("consul service {name}"),
-                            problems: vec![],
-                        })
-                        .await
-                        .map_err(|_| ended())?;
+                        self.report(&tx, &name, Vec::new())
+                            .await
+                            .map_err(|_| ended())?;
                     }
                 }
                 Msg::Health(name, list) => {
