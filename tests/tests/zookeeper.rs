@@ -452,14 +452,9 @@ fn debug_version(a: &Adapter) -> Option<String> {
     v["version"].as_str().map(str::to_string)
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
-fn thousand_providers_over_hundred_interfaces_and_latency() {
+fn thousand_providers_over_hundred_interfaces() {
     let zk = ZooKeeper::start();
     let mut w = Writer::start(&zk);
     let servers = zk.servers();
@@ -499,12 +494,10 @@ fn thousand_providers_over_hundred_interfaces_and_latency() {
     );
     assert_eq!(items.len(), 100);
 
-    // Change-to-served latency: one provider added, until /debug/resources shows a new version.
-    let mut samples = Vec::new();
-    let mut after_ack = Vec::new();
-    for k in 0..60 {
+    // Every further change is still served among 1,000 providers (latency is measured by
+    // `cargo bench -p e2e --bench zookeeper_latency`, not here).
+    for k in 0..10 {
         let before = debug_version(&a);
-        let t = Instant::now();
         w.create_e(
             &provider_path(
                 &iface(k % 100),
@@ -512,37 +505,11 @@ fn thousand_providers_over_hundred_interfaces_and_latency() {
             ),
             "",
         );
-        let acked = Instant::now();
-        loop {
-            if debug_version(&a) != before {
-                after_ack.push(acked.elapsed());
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "change {k} not served"
-            );
-            std::thread::sleep(Duration::from_micros(500));
-        }
-        samples.push(t.elapsed());
+        wait_for(Duration::from_secs(10), "change served", || {
+            (debug_version(&a) != before).then_some(())
+        });
     }
-    samples.sort();
-    after_ack.sort();
-    eprintln!(
-        "  of which after the write was acknowledged: p50 {:?} p99 {:?}",
-        percentile(&after_ack, 0.5),
-        percentile(&after_ack, 0.99)
-    );
-    eprintln!(
-        "zookeeper change-to-served latency over {} changes (1000 providers, 100 interfaces): p50 {:?} p90 {:?} p99 {:?} max {:?}",
-        samples.len(),
-        percentile(&samples, 0.5),
-        percentile(&samples, 0.9),
-        percentile(&samples, 0.99),
-        samples[samples.len() - 1]
-    );
     if std::env::var_os("ZK_E2E_LOG").is_some() {
         eprintln!("{}", a.log());
     }
-    assert!(percentile(&samples, 0.5) < Duration::from_secs(2));
 }
