@@ -16,7 +16,8 @@ use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mcp_core::translate::naming::{
-    canonical_protocol, check_label_key, check_label_value, map_dns_label, map_dns_name, MAX_LABEL,
+    canonical_protocol, check_label_key, check_label_value, is_dns_subdomain, map_dns_label,
+    map_dns_name, MAX_LABEL,
 };
 use mcp_core::{Endpoint, Host, Labels, Port, Service, ServiceKey};
 use serde::Deserialize;
@@ -145,16 +146,7 @@ pub fn istio_protocol(p: &str) -> &'static str {
 }
 
 fn is_plain_dns_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 200
-        && s.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= MAX_LABEL
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        })
+    s.len() <= 200 && is_dns_subdomain(s)
 }
 
 /// Appends `-{hash}` to the last label of a mapped dotted name, keeping it <= 63 bytes.
