@@ -142,7 +142,20 @@ impl Engine {
     ) -> (Ack, Option<Outgoing>) {
         let policy = self.policy;
         let kind = match self.types.get_mut(&req.type_key) {
-            Some(state) if !req.nonce.is_empty() || state.in_flight.is_some() => {
+            Some(state)
+                if req.nonce.is_empty()
+                    && (state.in_flight.is_some() || matches!(req.names, Names::Delta { .. })) =>
+            {
+                // A subscription change (delta clients send these without a nonce) amends the
+                // subscription; while a response is in flight, the ACK of that response sends
+                // the result.
+                apply_names(state, &req.names);
+                if state.in_flight.is_some() {
+                    return (Ack::Stale, None);
+                }
+                Ack::Subscribe
+            }
+            Some(state) if !req.nonce.is_empty() => {
                 if state.in_flight.as_deref() != Some(req.nonce.as_str()) {
                     return (Ack::Stale, None);
                 }
@@ -517,6 +530,57 @@ mod tests {
         e.on_request(mk_request(SE, &out.nonce), Some(&s1));
         let out = e.on_snapshot(&s2).pop().expect("full again");
         assert!(!out.incremental);
+        assert_eq!(names_of(&out), vec!["ns/a"]);
+    }
+
+    #[test]
+    fn subscription_change_while_in_flight_is_kept_for_after_the_ack() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        let mut req = mk_request(SE, "");
+        req.names = Names::Delta {
+            subscribe: vec!["ns/a".into()],
+            unsubscribe: vec![],
+        };
+        let (_, out) = e.on_request(req, Some(&s1));
+        let first = out.expect("ns/a");
+        // Before the ACK, the client subscribes to ns/b without a nonce.
+        let mut change = mk_request(SE, "");
+        change.names = Names::Delta {
+            subscribe: vec!["ns/b".into()],
+            unsubscribe: vec![],
+        };
+        let (_, out) = e.on_request(change, Some(&s1));
+        assert!(out.is_none(), "one response in flight");
+        let (kind, out) = e.on_request(mk_request(SE, &first.nonce), Some(&s1));
+        assert_eq!(kind, Ack::Ack);
+        assert_eq!(names_of(&out.expect("ns/b after the ACK")), vec!["ns/b"]);
+    }
+
+    #[test]
+    fn delta_subscription_change_amends_the_subscription() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let s2 = mk_snapshot(&[("ns/a", "2"), ("ns/b", "1")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        let mut req = mk_request(SE, "");
+        req.names = Names::Delta {
+            subscribe: vec!["ns/a".into()],
+            unsubscribe: vec![],
+        };
+        let (_, out) = e.on_request(req, Some(&s1));
+        e.on_request(mk_request(SE, &out.expect("a").nonce), Some(&s1));
+        let mut more = mk_request(SE, "");
+        more.names = Names::Delta {
+            subscribe: vec!["ns/b".into()],
+            unsubscribe: vec![],
+        };
+        let (_, out) = e.on_request(more, Some(&s1));
+        let out = out.expect("b");
+        assert_eq!(names_of(&out), vec!["ns/b"], "only the new name");
+        assert!(out.removed.is_empty());
+        e.on_request(mk_request(SE, &out.nonce), Some(&s1));
+        // ns/a is still subscribed.
+        let out = e.on_snapshot(&s2).pop().expect("a changed");
         assert_eq!(names_of(&out), vec!["ns/a"]);
     }
 
