@@ -11,6 +11,9 @@
 
 mod common;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 

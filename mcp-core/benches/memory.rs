@@ -11,6 +11,10 @@
 
 mod common;
 
+// The same allocator as the adapter binaries.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};

@@ -11,6 +11,10 @@
 //! Run: `cargo bench -p mcp-core --bench translate`. A summary table (per-snapshot mean in ms
 //! and ratio to the floor) is printed at the end.
 
+// The same allocator as the adapter binaries.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
