@@ -127,85 +127,48 @@ impl Adapter {
     // ---- raw streams ----
 
     pub async fn xds(&self) -> Raw<DiscoveryRequest, DiscoveryResponse> {
-        let mut client = AggregatedDiscoveryServiceClient::new(self.channel().await);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let resp = tokio::time::timeout(
-            STEP,
-            client.stream_aggregated_resources(UnboundedReceiverStream::new(rx)),
-        )
-        .await
-        .expect("open timed out")
-        .expect("stream opens");
-        Raw {
-            tx,
-            rx: resp.into_inner(),
-        }
+        let mut c = AggregatedDiscoveryServiceClient::new(self.channel().await);
+        open(|rx| async move { c.stream_aggregated_resources(rx).await }).await
     }
 
     pub async fn delta(&self) -> Raw<DeltaDiscoveryRequest, DeltaDiscoveryResponse> {
-        let mut client = AggregatedDiscoveryServiceClient::new(self.channel().await);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let resp = tokio::time::timeout(
-            STEP,
-            client.delta_aggregated_resources(UnboundedReceiverStream::new(rx)),
-        )
-        .await
-        .expect("open timed out")
-        .expect("stream opens");
-        Raw {
-            tx,
-            rx: resp.into_inner(),
-        }
+        let mut c = AggregatedDiscoveryServiceClient::new(self.channel().await);
+        open(|rx| async move { c.delta_aggregated_resources(rx).await }).await
     }
 
     pub async fn legacy(&self) -> Raw<RequestResources, Resources> {
-        let mut client = ResourceSourceClient::new(self.channel().await);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let resp = tokio::time::timeout(
-            STEP,
-            client.establish_resource_stream(UnboundedReceiverStream::new(rx)),
-        )
-        .await
-        .expect("open timed out")
-        .expect("stream opens");
-        Raw {
-            tx,
-            rx: resp.into_inner(),
-        }
+        let mut c = ResourceSourceClient::new(self.channel().await);
+        open(|rx| async move { c.establish_resource_stream(rx).await }).await
     }
 
     pub async fn mesh_sotw(&self) -> Raw<MeshConfigRequest, MeshConfigResponse> {
-        let mut client = AggregatedMeshConfigServiceClient::new(self.channel().await);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let resp = tokio::time::timeout(
-            STEP,
-            client.stream_aggregated_resources(UnboundedReceiverStream::new(rx)),
-        )
-        .await
-        .expect("open timed out")
-        .expect("stream opens");
-        Raw {
-            tx,
-            rx: resp.into_inner(),
-        }
+        let mut c = AggregatedMeshConfigServiceClient::new(self.channel().await);
+        open(|rx| async move { c.stream_aggregated_resources(rx).await }).await
     }
 
     pub async fn mesh_incremental(
         &self,
     ) -> Raw<IncrementalMeshConfigRequest, IncrementalMeshConfigResponse> {
-        let mut client = AggregatedMeshConfigServiceClient::new(self.channel().await);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let resp = tokio::time::timeout(
-            STEP,
-            client.incremental_aggregated_resources(UnboundedReceiverStream::new(rx)),
-        )
+        let mut c = AggregatedMeshConfigServiceClient::new(self.channel().await);
+        open(|rx| async move { c.incremental_aggregated_resources(rx).await }).await
+    }
+}
+
+/// Opens one bidirectional stream whose requests the test sends through `Raw::tx`.
+async fn open<Req, Resp, Fut>(
+    rpc: impl FnOnce(UnboundedReceiverStream<Req>) -> Fut,
+) -> Raw<Req, Resp>
+where
+    Fut: std::future::Future<Output = Result<tonic::Response<Streaming<Resp>>, tonic::Status>>,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    let resp = tokio::time::timeout(STEP, rpc(UnboundedReceiverStream::new(rx)))
         .await
         .expect("open timed out")
         .expect("stream opens");
-        Raw {
-            tx,
-            rx: resp.into_inner(),
-        }
+    Raw {
+        tx,
+        rx: resp.into_inner(),
     }
 }
 
