@@ -41,7 +41,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnboundedReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
-use common::{ads_client, http_get, machine, metric_sum, services, SE};
+use common::{ads_client, http_get, machine, metric_sum, services, sotw_subscribe, SE};
 
 const ITERATIONS: usize = 500;
 const ENDPOINTS: usize = 10;
@@ -157,19 +157,7 @@ struct NoopResult {
 /// SotW xDS: one-service change latency at `n` services; with `noop`, the relist check after.
 async fn sotw(n: usize, noop: bool) -> (Measured, DiscoveryResponse, Option<NoopResult>) {
     let (running, handle, mut current) = start(n).await;
-    let mut client = ads_client(running.grpc_addr).await;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tx.send(DiscoveryRequest {
-        type_url: SE.into(),
-        node: node(),
-        ..Default::default()
-    })
-    .expect("send");
-    let mut stream = client
-        .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
+    let (tx, mut stream) = sotw_subscribe(running.grpc_addr, node()).await;
     let first = next_sotw(&mut stream).await;
     assert_eq!(first.resources.len(), n, "full state first");
     tx.send(sotw_ack(&first)).expect("ack");
@@ -412,19 +400,7 @@ async fn floor_sotw(resp: DiscoveryResponse, accept: Accept) -> Histogram<u64> {
         accept,
     )
     .await;
-    let mut client = ads_client(addr).await;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tx.send(DiscoveryRequest {
-        type_url: SE.into(),
-        node: node(),
-        ..Default::default()
-    })
-    .expect("send");
-    let mut stream = client
-        .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
+    let (tx, mut stream) = sotw_subscribe(addr, node()).await;
     let mut r = next_sotw(&mut stream).await;
     let mut hist = histogram();
     for _ in 0..ITERATIONS {

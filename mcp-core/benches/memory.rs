@@ -25,10 +25,8 @@ use mcp_core::registry::RegistryEvent;
 use mcp_core::runtime;
 use mcp_core::testing::{fake_registry, test_args};
 use prost::Message;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use common::{ads_client, http_get, machine, metric_sum, rss_kib, services, SE};
+use common::{http_get, machine, metric_sum, rss_kib, services, sotw_subscribe};
 
 const SERVICES: usize = 10_000;
 const ENDPOINTS: usize = 10;
@@ -68,18 +66,7 @@ async fn sinks(addr: SocketAddr, count: usize) {
     let mut resources = 0;
     let mut bytes = 0;
     for _ in 0..count {
-        let mut client = ads_client(addr).await;
-        let (tx, rx) = mpsc::unbounded_channel();
-        tx.send(DiscoveryRequest {
-            type_url: SE.into(),
-            ..Default::default()
-        })
-        .expect("send");
-        let mut stream = client
-            .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
-            .await
-            .expect("stream")
-            .into_inner();
+        let (tx, mut stream) = sotw_subscribe(addr, None).await;
         let r = stream
             .message()
             .await
@@ -95,7 +82,7 @@ async fn sinks(addr: SocketAddr, count: usize) {
         })
         .expect("ack");
         drop(r);
-        held.push((client, tx, stream));
+        held.push((tx, stream));
     }
     println!("READY {resources} {bytes}");
     // Hold the streams until the parent closes our stdin.

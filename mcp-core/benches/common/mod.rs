@@ -3,11 +3,16 @@
 
 use std::net::SocketAddr;
 
+use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use mcp_core::model::Service;
 use mcp_core::testing::mk_service;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Channel;
+use tonic::Streaming;
 
 /// The type URL istiod 1.24+ subscribes to.
 pub const SE: &str = "networking.istio.io/v1/ServiceEntry";
@@ -29,6 +34,31 @@ pub async fn ads_client(addr: SocketAddr) -> AggregatedDiscoveryServiceClient<Ch
     AggregatedDiscoveryServiceClient::new(channel)
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX)
+}
+
+/// Opens an xDS SotW stream subscribed to ServiceEntries (with `node` on the first request, as
+/// istiod sends it); returns the request sender and the response stream.
+pub async fn sotw_subscribe(
+    addr: SocketAddr,
+    node: Option<Node>,
+) -> (
+    mpsc::UnboundedSender<DiscoveryRequest>,
+    Streaming<DiscoveryResponse>,
+) {
+    let mut client = ads_client(addr).await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(DiscoveryRequest {
+        type_url: SE.into(),
+        node,
+        ..Default::default()
+    })
+    .expect("send");
+    let stream = client
+        .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    (tx, stream)
 }
 
 /// Plain HTTP/1.1 GET; returns the body.
