@@ -631,24 +631,21 @@ async fn open(
             Attempt::Fatal(stream_error(&opts.server, &s))
         }
     };
-    let closed = || Attempt::Retry("request channel closed".to_string());
     match protocol {
         Protocol::Xds => {
             let type_url = opts.api_version.type_url();
-            let (tx, rx) = unbounded_channel();
-            tx.send(DiscoveryRequest {
+            let mut client = AggregatedDiscoveryServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE);
+            let first = DiscoveryRequest {
                 type_url: type_url.to_string(),
                 node: Some(node()),
                 ..Default::default()
+            };
+            let (tx, rx) = subscribe(first, |s| async move {
+                client.stream_aggregated_resources(s).await
             })
-            .map_err(|_| closed())?;
-            let mut client = AggregatedDiscoveryServiceClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE);
-            let rx = client
-                .stream_aggregated_resources(UnboundedReceiverStream::new(rx))
-                .await
-                .map_err(status)?
-                .into_inner();
+            .await
+            .map_err(status)?;
             Ok(Stream::Xds {
                 type_url,
                 tx,
@@ -658,38 +655,34 @@ async fn open(
         }
         Protocol::Delta => {
             let type_url = opts.api_version.type_url();
-            let (tx, rx) = unbounded_channel();
-            tx.send(DeltaDiscoveryRequest {
+            let mut client = AggregatedDiscoveryServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE);
+            let first = DeltaDiscoveryRequest {
                 type_url: type_url.to_string(),
                 node: Some(node()),
                 ..Default::default()
+            };
+            let (tx, rx) = subscribe(first, |s| async move {
+                client.delta_aggregated_resources(s).await
             })
-            .map_err(|_| closed())?;
-            let mut client = AggregatedDiscoveryServiceClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE);
-            let rx = client
-                .delta_aggregated_resources(UnboundedReceiverStream::new(rx))
-                .await
-                .map_err(status)?
-                .into_inner();
+            .await
+            .map_err(status)?;
             Ok(Stream::Delta { type_url, tx, rx })
         }
         Protocol::Mcp => {
-            let (tx, rx) = unbounded_channel();
-            tx.send(RequestResources {
+            let mut client =
+                ResourceSourceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
+            let first = RequestResources {
                 sink_node: Some(sink_node()),
                 collection: MCP_COLLECTION.to_string(),
                 incremental: opts.incremental,
                 ..Default::default()
+            };
+            let (tx, rx) = subscribe(first, |s| async move {
+                client.establish_resource_stream(s).await
             })
-            .map_err(|_| closed())?;
-            let mut client =
-                ResourceSourceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
-            let rx = client
-                .establish_resource_stream(UnboundedReceiverStream::new(rx))
-                .await
-                .map_err(status)?
-                .into_inner();
+            .await
+            .map_err(status)?;
             Ok(Stream::Mcp {
                 incremental: opts.incremental,
                 tx,
@@ -697,6 +690,23 @@ async fn open(
             })
         }
     }
+}
+
+/// Opens a bidirectional stream with `rpc`, its first request already queued.
+async fn subscribe<Req, Resp, Fut>(
+    first: Req,
+    rpc: impl FnOnce(UnboundedReceiverStream<Req>) -> Fut,
+) -> Result<(UnboundedSender<Req>, tonic::Streaming<Resp>), tonic::Status>
+where
+    Fut: std::future::Future<
+        Output = Result<tonic::Response<tonic::Streaming<Resp>>, tonic::Status>,
+    >,
+{
+    let (tx, rx) = unbounded_channel();
+    // Cannot fail: the receiver is alive until `rpc` takes it.
+    let _ = tx.send(first);
+    let stream = rpc(UnboundedReceiverStream::new(rx)).await?.into_inner();
+    Ok((tx, stream))
 }
 
 #[cfg(test)]
