@@ -478,6 +478,8 @@ fn breakdown(n: usize) -> (Histogram<u64>, Histogram<u64>, Histogram<u64>) {
             export_to: vec![],
             registry: "fake".into(),
             source: "fake".into(),
+            on_empty: mcp_core::cli::OnEmpty::Keep,
+            vip_cidr: mcp_core::vip::VipCidr::Off,
         },
         Metrics::new("bench").expect("metrics"),
     );

@@ -42,6 +42,8 @@ fn cfg() -> TranslateConfig {
         export_to: vec![],
         registry: "fake".into(),
         source: "fake".into(),
+        on_empty: mcp_core::cli::OnEmpty::Keep,
+        vip_cidr: mcp_core::vip::VipCidr::Off,
     }
 }
 

@@ -1,4 +1,5 @@
-//! Admin HTTP: /healthz, /readyz, /metrics, /debug/resources.
+//! Admin HTTP: /healthz (alive), /readyz (has a state worth serving), /registryz (registry in
+//! sync), /metrics, /debug/resources.
 
 use std::sync::Arc;
 
@@ -38,6 +39,7 @@ pub async fn serve(
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/registryz", get(registryz))
         .route("/metrics", get(metrics))
         .route("/debug/resources", get(debug_resources))
         .with_state(state);
@@ -46,15 +48,49 @@ pub async fn serve(
         .await
 }
 
+/// Readiness: a state worth serving exists (synced once). Stays 200 through registry outages,
+/// with the staleness in the body; 503 only before the first sync.
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     let st = s.status.lock().clone();
-    if st.ready() {
+    if !st.ready() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: waiting for the first sync from {}{}\n",
+                s.registry,
+                st.last_error
+                    .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default()
+            ),
+        );
+    }
+    if st.healthy {
         (StatusCode::OK, "ready\n".to_string())
+    } else {
+        (
+            StatusCode::OK,
+            format!(
+                "ready: serving the last good state; {} unreachable for {}s ({})\n",
+                s.registry,
+                st.staleness_secs(),
+                st.last_error.unwrap_or_default()
+            ),
+        )
+    }
+}
+
+/// Registry health: 200 while the watch is in sync with the registry, 503 (with the reason)
+/// before the first sync and while it cannot be reached. For alerts and dashboards, not for a
+/// readiness probe (see `/readyz`).
+async fn registryz(State(s): State<AdminState>) -> impl IntoResponse {
+    let st = s.status.lock().clone();
+    if st.healthy {
+        (StatusCode::OK, format!("{} healthy\n", s.registry))
     } else if !st.synced {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "not ready: waiting for the first sync from {}{}\n",
+                "{} not synced yet{}\n",
                 s.registry,
                 st.last_error
                     .map(|e| format!(" (last error: {e})"))
@@ -65,7 +101,7 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "not ready: {} unreachable for {}s, serving the last good state ({})\n",
+                "{} unhealthy for {}s: {}\n",
                 s.registry,
                 st.staleness_secs(),
                 st.last_error.unwrap_or_default()

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::vip::VipCidr;
+
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -13,6 +15,19 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// What happens to a service whose registry lists no instance of it (every instance gone, or
+/// none healthy).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum OnEmpty {
+    /// Keep its ServiceEntry with no endpoints: the host stays known to the mesh, so clients get
+    /// a fast "no healthy upstream" (503) instead of a DNS failure or a fall-through to
+    /// passthrough, and routing rules that name it stay valid while it scales through zero.
+    #[default]
+    Keep,
+    /// Remove its ServiceEntry until an instance is back.
+    Remove,
 }
 
 /// Flags shared by every adapter binary (`#[command(flatten)]` it into the adapter's args).
@@ -46,6 +61,19 @@ pub struct CommonArgs {
     /// Longest time changes are collected before one push (`20ms`, `1s`; `0` pushes at once).
     #[arg(long, env = "MCP_COALESCE", default_value = "20ms", value_parser = parse_duration)]
     pub coalesce: Duration,
+
+    /// A service with no instances (all gone or unhealthy): `keep` its ServiceEntry with no
+    /// endpoints, or `remove` it. Applies to services whose endpoints come from the registry
+    /// (STATIC resolution); DNS and pass-through entries are served as they are.
+    #[arg(long, env = "MCP_ON_EMPTY", value_enum, default_value_t = OnEmpty::Keep)]
+    pub on_empty: OnEmpty,
+
+    /// Range that virtual IPs come from, for TCP (or unknown-protocol) services the registry
+    /// gives no address (they would share one wildcard listener per port in every sidecar);
+    /// `off` to serve them without. Default: the adapter's own /16 in the reserved 242.0.0.0/8
+    /// (clear of Istio's 240.240.0.0/16 auto-allocation). Clients need Istio's DNS proxying.
+    #[arg(long, env = "MCP_VIP_CIDR")]
+    pub vip_cidr: Option<VipCidr>,
 
     /// Log format.
     #[arg(long, env = "MCP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

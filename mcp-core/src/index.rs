@@ -11,10 +11,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::cache::{encode, Entry, Snapshot};
+use crate::cli::OnEmpty;
 use crate::metrics::Metrics;
-use crate::model::{Service, ServiceKey};
+use crate::model::{Resolution, Service, ServiceKey};
 use crate::registry::RegistryEvent;
 use crate::translate::{translate, TranslateConfig};
+use crate::vip::{needs_vip, Vips};
+
+/// The problems scope for services the `--vip-cidr` range had no room for.
+const VIP_SCOPE: &str = "--vip-cidr";
 
 /// A service that is not (or not currently) served as the registry describes it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -59,11 +64,16 @@ pub struct Index {
     /// Nothing is published before the registry's first full set: an empty answer would make a
     /// reconnecting sink delete what it had.
     reset_seen: bool,
+    /// Virtual IPs of services that need one, and those services as the registry gave them (a
+    /// service whose address moves is translated again without a registry change).
+    vips: Vips,
+    vip_services: HashMap<ServiceKey, Service>,
 }
 
 impl Index {
     /// An empty index.
     pub fn new(cfg: TranslateConfig, metrics: Metrics) -> Self {
+        let cfg_vips = cfg.vip_cidr;
         Self {
             cfg,
             metrics,
@@ -75,6 +85,8 @@ impl Index {
             snapshot: None,
             quarantine: Vec::new(),
             reset_seen: false,
+            vips: Vips::new(cfg_vips),
+            vip_services: HashMap::new(),
         }
     }
 
@@ -129,7 +141,11 @@ impl Index {
         if !self.reset_seen {
             return None;
         }
-        let pending = std::mem::take(&mut self.pending);
+        let mut pending: BTreeMap<ServiceKey, Option<Service>> = std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|(k, change)| (k, change.filter(|s| !self.removed_when_empty(s))))
+            .collect();
+        self.allocate_vips(&mut pending);
         let mut touched = false;
         for (key, change) in pending {
             touched |= self.update(key, change);
@@ -152,8 +168,59 @@ impl Index {
     }
 
     /// Applies one change to the key's state; true if it may change what is served.
+    /// `--on-empty remove`: a service with no instance is not served until one is back.
+    /// Adapters always report it (with no endpoints); the policy lives here, once.
+    fn removed_when_empty(&self, s: &Service) -> bool {
+        self.cfg.on_empty == OnEmpty::Remove
+            && s.resolution == Resolution::Static
+            && s.workload_selector.is_none()
+            && s.endpoints.is_empty()
+    }
+
+    /// Tracks which pending services need a virtual IP; when that set changes, reallocates and
+    /// adds the services whose address moved to `pending`.
+    fn allocate_vips(&mut self, pending: &mut BTreeMap<ServiceKey, Option<Service>>) {
+        if !self.vips.enabled() {
+            return;
+        }
+        let mut membership_changed = false;
+        for (key, change) in pending.iter() {
+            let member = change.as_ref().is_some_and(needs_vip);
+            membership_changed |= self.vips.set_member(key, member);
+            match change {
+                Some(s) if member => {
+                    self.vip_services.insert(key.clone(), s.clone());
+                }
+                _ => {
+                    self.vip_services.remove(key);
+                }
+            }
+        }
+        if !membership_changed {
+            return;
+        }
+        for key in self.vips.reallocate() {
+            if let Some(s) = self.vip_services.get(&key) {
+                pending.entry(key).or_insert_with(|| Some(s.clone()));
+            }
+        }
+        let full: Vec<String> = self
+            .vips
+            .unassigned()
+            .iter()
+            .map(|k| format!("{k}: no free address left in {}", self.cfg.vip_cidr))
+            .collect();
+        if !full.is_empty() {
+            tracing::warn!(services = full.len(), range = %self.cfg.vip_cidr, "The --vip-cidr range is full; some TCP services are served without a virtual IP.");
+        }
+        self.apply(RegistryEvent::Problems {
+            scope: VIP_SCOPE.into(),
+            problems: full,
+        });
+    }
+
     fn update(&mut self, key: ServiceKey, change: Option<Service>) -> bool {
-        let Some(service) = change else {
+        let Some(mut service) = change else {
             let Some(old) = self.states.remove(&key) else {
                 return false;
             };
@@ -163,6 +230,9 @@ impl Index {
             }
             return true;
         };
+        if let Some(ip) = self.vips.get(&key) {
+            service.addresses.push(ip.to_string());
+        }
         let hash = service.content_hash();
         if self.states.get(&key).is_some_and(|s| s.hash == hash) {
             return false;
@@ -288,6 +358,10 @@ mod tests {
     use crate::model::{Endpoint, Host, Port};
 
     fn mk_index() -> Index {
+        mk_index_with(OnEmpty::Keep)
+    }
+
+    fn mk_index_with(on_empty: OnEmpty) -> Index {
         Index::new(
             TranslateConfig {
                 namespace: "ns".into(),
@@ -295,9 +369,119 @@ mod tests {
                 export_to: vec![],
                 registry: "test".into(),
                 source: "test".into(),
+                on_empty,
+                vip_cidr: crate::vip::VipCidr::Off,
             },
             Metrics::new("test").expect("metrics"),
         )
+    }
+
+    #[test]
+    fn tcp_services_without_address_get_a_stable_virtual_ip() {
+        let mk = |cidr: crate::vip::VipCidr| {
+            Index::new(
+                TranslateConfig {
+                    namespace: "ns".into(),
+                    host_suffix: "example".into(),
+                    export_to: vec![],
+                    registry: "test".into(),
+                    source: "test".into(),
+                    on_empty: OnEmpty::Keep,
+                    vip_cidr: cidr,
+                },
+                Metrics::new("test").expect("metrics"),
+            )
+        };
+        let tcp = |name: &str| {
+            let mut s = mk_service(name, "10.0.0.1");
+            s.ports[0].protocol = Some("TCP".into());
+            s.ports[0].name = "tcp".into();
+            s
+        };
+        let cidr = crate::vip::VipCidr::range(242, 9, 0, 0, 16);
+        let mut idx = mk(cidr);
+        idx.apply(RegistryEvent::Reset(vec![
+            tcp("a"),
+            tcp("b"),
+            mk_service("web", "10.0.0.2"),
+        ]));
+        let first = idx.flush().expect("first");
+        let summary = |s: &Snapshot, n: &str| {
+            s.entries
+                .iter()
+                .find(|e| &*e.name == n)
+                .map(|e| e.version.clone())
+                .expect("served")
+        };
+        // A second replica that saw the services in another order serves identical versions.
+        let mut other = mk(cidr);
+        other.apply(RegistryEvent::Upsert(tcp("b")));
+        other.apply(RegistryEvent::Reset(vec![
+            mk_service("web", "10.0.0.2"),
+            tcp("b"),
+            tcp("a"),
+        ]));
+        let second = other.flush().expect("first");
+        assert_eq!(first.version, second.version, "replicas agree");
+        // Only the TCP ones changed compared with no allocation.
+        let mut off = mk(crate::vip::VipCidr::Off);
+        off.apply(RegistryEvent::Reset(vec![
+            tcp("a"),
+            tcp("b"),
+            mk_service("web", "10.0.0.2"),
+        ]));
+        let plain = off.flush().expect("first");
+        assert_ne!(summary(&first, "ns/a"), summary(&plain, "ns/a"));
+        assert_ne!(summary(&first, "ns/b"), summary(&plain, "ns/b"));
+        assert_eq!(summary(&first, "ns/web"), summary(&plain, "ns/web"));
+        // An endpoint change keeps the address (no reallocation, one entry changes).
+        let mut moved = tcp("a");
+        moved.endpoints[0].address = "10.0.0.9".into();
+        idx.apply(RegistryEvent::Upsert(moved));
+        let next = idx.flush().expect("changed");
+        assert_eq!(summary(&next, "ns/b"), summary(&first, "ns/b"));
+        assert!(idx.problems().is_empty(), "{:?}", idx.problems());
+    }
+
+    #[test]
+    fn on_empty_keep_serves_a_service_with_no_instances() {
+        let mut idx = mk_index();
+        idx.apply(RegistryEvent::Reset(vec![mk_service("a", "10.0.0.1")]));
+        idx.flush();
+        let mut empty = mk_service("a", "10.0.0.1");
+        empty.endpoints.clear();
+        idx.apply(RegistryEvent::Upsert(empty));
+        let snap = idx.flush().expect("the endpoint went away");
+        assert_eq!(names(&snap), vec!["ns/a"]);
+        assert_eq!(snap.entries[0].summary.endpoints, 0);
+    }
+
+    #[test]
+    fn on_empty_remove_drops_it_until_an_instance_is_back() {
+        let mut idx = mk_index_with(OnEmpty::Remove);
+        let mut empty = mk_service("b", "10.0.0.2");
+        empty.endpoints.clear();
+        let mut dns = empty.clone();
+        dns.key = ServiceKey::new("dns");
+        dns.hosts = vec![Host::Relative("dns".into())];
+        dns.resolution = Resolution::Dns;
+        idx.apply(RegistryEvent::Reset(vec![
+            mk_service("a", "10.0.0.1"),
+            empty,
+            dns,
+        ]));
+        let snap = idx.flush().expect("first");
+        assert_eq!(
+            names(&snap),
+            vec!["ns/a", "ns/dns"],
+            "DNS entries are not registry instances"
+        );
+        let mut gone = mk_service("a", "10.0.0.1");
+        gone.endpoints.clear();
+        idx.apply(RegistryEvent::Upsert(gone));
+        assert_eq!(names(&idx.flush().expect("removed")), vec!["ns/dns"]);
+        idx.apply(RegistryEvent::Upsert(mk_service("a", "10.0.0.3")));
+        assert_eq!(names(&idx.flush().expect("back")), vec!["ns/a", "ns/dns"]);
     }
 
     fn mk_service(name: &str, ip: &str) -> Service {

@@ -14,13 +14,15 @@ pub mod index;
 pub mod metrics;
 pub mod model;
 pub mod registry;
+pub mod retry;
 pub mod runtime;
 pub mod server;
 pub mod status;
 pub mod telemetry;
 pub mod testing;
 pub mod translate;
+pub mod vip;
 
-pub use cli::CommonArgs;
+pub use cli::{CommonArgs, OnEmpty};
 pub use model::{Endpoint, Host, Labels, Location, Port, Resolution, Service, ServiceKey};
 pub use registry::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent};

@@ -14,6 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 use crate::model::{Service, ServiceKey};
+use crate::vip::VipCidr;
 
 /// A change in the registry.
 // Events are moved one at a time through a channel, never stored in bulk: boxing `Upsert` would
@@ -74,6 +75,9 @@ pub trait Registry: Send + Sync + 'static {
     const DEFAULT_HOST_SUFFIX: &'static str;
     /// Default `--namespace` for the generated ServiceEntries.
     const DEFAULT_NAMESPACE: &'static str;
+    /// Default `--vip-cidr`: each adapter its own range, so that two adapters feeding one istiod
+    /// never hand out the same address (two adapters of one kind need `--vip-cidr` set apart).
+    const DEFAULT_VIP_CIDR: VipCidr = VipCidr::range(242, 0, 0, 0, 16);
 
     /// Watch the registry. The stream must start with a `Reset`; after an error item the core
     /// backs off and calls `watch` again.

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
@@ -16,6 +17,7 @@ use crate::cli::CommonArgs;
 use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::registry::{Registry, RegistryError, RegistryEvent};
+use crate::retry::Backoff;
 use crate::server::{self, StreamContext, TlsFiles};
 use crate::status::SharedStatus;
 use crate::translate::TranslateConfig;
@@ -46,6 +48,13 @@ pub enum RunError {
     Join(#[from] tokio::task::JoinError),
 }
 
+/// gRPC health service name that reports the registry's health (`""`, the server's own status,
+/// reports readiness like `/readyz`).
+pub const REGISTRY_HEALTH: &str = "registry";
+
+/// How long shutdown waits for streams and servers to finish before it closes them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// A running adapter (for tests and embedding): addresses, and a way to stop it.
 #[derive(Debug)]
 pub struct Running {
@@ -65,14 +74,37 @@ impl Running {
         self.wait().await
     }
 
-    /// Waits until every task ends (after shutdown), returning the first error.
+    /// Waits until every task ends, returning the first error. Once shutdown has begun, the
+    /// tasks get [`SHUTDOWN_GRACE`] to finish (streams end, in-flight responses drain); a sink
+    /// that stopped reading cannot hold the process past it.
     pub async fn wait(&mut self) -> Result<(), RunError> {
         let mut result = Ok(());
-        while let Some(r) = self.tasks.join_next().await {
-            if let Err(e) = r.map_err(RunError::from).and_then(|r| r) {
-                self.shutdown.cancel();
-                if result.is_ok() {
-                    result = Err(e);
+        let shutdown = self.shutdown.clone();
+        let grace = async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::pin!(grace);
+        loop {
+            tokio::select! {
+                next = self.tasks.join_next() => {
+                    let Some(r) = next else { break };
+                    if let Err(e) = r.map_err(RunError::from).and_then(|r| r) {
+                        tracing::error!(error = %e, "A task of the adapter failed; stopping.");
+                        self.shutdown.cancel();
+                        if result.is_ok() {
+                            result = Err(e);
+                        }
+                    }
+                }
+                _ = &mut grace => {
+                    tracing::warn!(
+                        grace = ?SHUTDOWN_GRACE,
+                        "Shutdown took too long (a sink stopped reading?); closing what is left."
+                    );
+                    self.tasks.abort_all();
+                    while self.tasks.join_next().await.is_some() {}
+                    break;
                 }
             }
         }
@@ -146,6 +178,8 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         export_to: args.export_to.clone(),
         registry: R::NAME.to_string(),
         source: source.clone(),
+        on_empty: args.on_empty,
+        vip_cidr: args.vip_cidr.unwrap_or(R::DEFAULT_VIP_CIDR),
     };
     let grpc = bind(args.listen).await?;
     let admin_listener = bind(args.admin_listen).await?;
@@ -159,6 +193,9 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
+    health_reporter
+        .set_service_status(REGISTRY_HEALTH, tonic_health::ServingStatus::NotServing)
+        .await;
 
     let mut tasks = JoinSet::new();
     let writer = Writer {
@@ -170,10 +207,12 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         health: health_reporter,
         shutdown: shutdown.clone(),
     };
-    tasks.spawn(async move {
+    // The writer is the only task that moves the served set forward: if it dies (a panic),
+    // the whole adapter stops with an error instead of serving a frozen set as if ready.
+    tasks.spawn(stop_all_on_exit(shutdown.clone(), async move {
         writer.run(registry).await;
         Ok(())
-    });
+    }));
     let ctx = StreamContext {
         snapshots: snap_rx.clone(),
         metrics: metrics.clone(),
@@ -213,33 +252,13 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
     })
 }
 
-/// When a server ends (error or not), everything stops.
+/// When a task ends (error, panic or not), everything stops: the guard cancels on unwinding too.
 async fn stop_all_on_exit(
     shutdown: CancellationToken,
     fut: impl Future<Output = Result<(), RunError>>,
 ) -> Result<(), RunError> {
-    let r = fut.await;
-    shutdown.cancel();
-    r
-}
-
-/// Backoff between registry watch attempts: 100 ms doubling to 30 s.
-#[derive(Debug)]
-struct Backoff(Duration);
-
-impl Backoff {
-    const MIN: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(30);
-
-    fn next(&mut self) -> Duration {
-        let d = self.0;
-        self.0 = (self.0 * 2).min(Self::MAX);
-        d
-    }
-
-    fn reset(&mut self) {
-        self.0 = Self::MIN;
-    }
+    let _stop_all = shutdown.drop_guard();
+    fut.await
 }
 
 /// The single writer: owns the index and publishes snapshots.
@@ -262,7 +281,7 @@ enum Step {
 
 impl Writer {
     async fn run<R: Registry>(mut self, registry: R) {
-        let mut backoff = Backoff(Backoff::MIN);
+        let mut backoff = Backoff::new();
         loop {
             let mut stream = registry.watch();
             let error = loop {
@@ -271,13 +290,7 @@ impl Writer {
                 match first {
                     Step::Shutdown => return,
                     Step::Failed(e) => break e,
-                    Step::Event(ev) => {
-                        if matches!(ev, RegistryEvent::Reset(_)) {
-                            backoff.reset();
-                            self.mark_healthy();
-                        }
-                        self.index.apply(ev);
-                    }
+                    Step::Event(ev) => self.apply(ev, &mut backoff).await,
                 }
                 // Collect what else arrives within the coalescing window into one push.
                 if !self.coalesce.is_zero() {
@@ -293,12 +306,7 @@ impl Writer {
                                 failure = Some(e);
                                 break;
                             }
-                            Step::Event(ev) => {
-                                if matches!(ev, RegistryEvent::Reset(_)) {
-                                    self.mark_healthy();
-                                }
-                                self.index.apply(ev);
-                            }
+                            Step::Event(ev) => self.apply(ev, &mut backoff).await,
                         }
                     }
                 }
@@ -307,13 +315,23 @@ impl Writer {
                     break e;
                 }
             };
-            self.mark_unhealthy(&error);
-            let delay = backoff.next();
+            self.mark_unhealthy(&error).await;
+            let delay = backoff.failed(Instant::now());
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+    }
+
+    /// Applies one event. A `Reset` is the watch's full state: the registry is in sync (and the
+    /// retry delay may start over once the watch stays up), whatever came before it.
+    async fn apply(&mut self, ev: RegistryEvent, backoff: &mut Backoff) {
+        if matches!(ev, RegistryEvent::Reset(_)) {
+            backoff.synced(Instant::now());
+            self.mark_healthy().await;
+        }
+        self.index.apply(ev);
     }
 
     async fn next(
@@ -364,28 +382,41 @@ impl Writer {
         st.problems = self.index.problems().clone();
     }
 
-    fn mark_healthy(&self) {
-        let mut st = self.status.lock();
-        if !st.healthy && st.last_error.is_some() {
-            tracing::info!("Registry is back; in sync again.");
+    async fn mark_healthy(&self) {
+        {
+            let mut st = self.status.lock();
+            if st.healthy {
+                return;
+            }
+            if st.last_error.is_some() {
+                tracing::info!("Registry is back; in sync again.");
+            }
+            st.healthy = true;
+            st.last_error = None;
         }
-        st.healthy = true;
-        st.last_error = None;
         self.metrics.registry_healthy.set(1);
+        self.health
+            .set_service_status(REGISTRY_HEALTH, tonic_health::ServingStatus::Serving)
+            .await;
     }
 
-    fn mark_unhealthy(&self, error: &RegistryError) {
+    async fn mark_unhealthy(&self, error: &RegistryError) {
         self.metrics
             .registry_errors
             .with_label_values(&[error.kind()])
             .inc();
         self.metrics.registry_healthy.set(0);
-        let mut st = self.status.lock();
-        if st.healthy || st.last_good.is_none() {
-            st.last_good = Some(SystemTime::now());
+        {
+            let mut st = self.status.lock();
+            if st.healthy || st.last_good.is_none() {
+                st.last_good = Some(SystemTime::now());
+            }
+            st.healthy = false;
+            st.last_error = Some(error.to_string());
+            tracing::warn!(error = %error, serving_last_good = st.synced, "Registry watch failed; retrying with backoff.");
         }
-        st.healthy = false;
-        st.last_error = Some(error.to_string());
-        tracing::warn!(error = %error, serving_last_good = st.synced, "Registry watch failed; retrying with backoff.");
+        self.health
+            .set_service_status(REGISTRY_HEALTH, tonic_health::ServingStatus::NotServing)
+            .await;
     }
 }

@@ -33,9 +33,12 @@ impl Status {
             .map_or(0, |d| d.as_secs())
     }
 
-    /// Ready = synced once and the registry is healthy now.
+    /// Ready = there is a state worth serving: the registry was synced once. A registry outage
+    /// after that does not make the adapter unready: it keeps serving the last good state,
+    /// which is exactly what a (re)starting istiod needs to reach. Registry health is
+    /// [`Status::healthy`] (`/registryz`, the `registry` gRPC health service, metrics).
     pub fn ready(&self) -> bool {
-        self.synced && self.healthy
+        self.synced
     }
 }
 

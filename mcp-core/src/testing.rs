@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use futures::stream::BoxStream;
 use tokio::sync::mpsc;
 
-use crate::cli::{CommonArgs, LogFormat};
+use crate::cli::CommonArgs;
 use crate::model::{Endpoint, Port, Service, ServiceKey};
 use crate::registry::{Registry, RegistryError, RegistryEvent};
 
@@ -92,21 +92,22 @@ impl Registry for FakeRegistry {
     }
 }
 
-/// Common flags for tests: both ports on 127.0.0.1:0, coalescing off.
+/// Common flags for tests: every default, as a user running the binary gets them (coalescing
+/// on too), except both ports on 127.0.0.1:0.
 pub fn test_args() -> CommonArgs {
-    CommonArgs {
-        listen: ([127, 0, 0, 1], 0).into(),
-        admin_listen: ([127, 0, 0, 1], 0).into(),
-        namespace: None,
-        host_suffix: None,
-        export_to: Vec::new(),
-        source_name: None,
-        coalesce: std::time::Duration::ZERO,
-        log_format: LogFormat::Text,
-        tls_cert: None,
-        tls_key: None,
-        tls_client_ca: None,
+    #[derive(clap::Parser)]
+    struct Defaults {
+        #[command(flatten)]
+        common: CommonArgs,
     }
+    <Defaults as clap::Parser>::parse_from([
+        "test",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ])
+    .common
 }
 
 /// A valid service `name` with one HTTP port 8080 and `endpoints` IPs 10.x.y.z.

@@ -289,9 +289,16 @@ async fn drive<W: Wire>(
                 .push_bytes
                 .with_label_values(&[W::PROTOCOL])
                 .inc_by(resp.encoded_len() as u64);
-            if tx.send(Ok(resp)).await.is_err() {
-                tracing::info!(protocol = W::PROTOCOL, %peer, "Sink disconnected.");
-                return;
+            // A sink that stopped reading blocks this send; shutdown must not wait on it.
+            tokio::select! {
+                sent = tx.send(Ok(resp)) => if sent.is_err() {
+                    tracing::info!(protocol = W::PROTOCOL, %peer, "Sink disconnected.");
+                    return;
+                },
+                _ = ctx.shutdown.cancelled() => {
+                    tracing::info!(protocol = W::PROTOCOL, %peer, "Shutting down with a response unsent (the sink stopped reading).");
+                    return;
+                }
             }
         }
     }

@@ -12,7 +12,9 @@ use std::time::SystemTime;
 
 use proto::istio::networking::v1alpha3::ServiceEntry;
 
+use crate::cli::OnEmpty;
 use crate::model::Labels;
+use crate::vip::VipCidr;
 
 pub use service_entry::translate;
 
@@ -34,6 +36,10 @@ pub struct TranslateConfig {
     pub registry: String,
     /// Source name (defaults to the registry type).
     pub source: String,
+    /// What to do with a service that has no instances.
+    pub on_empty: OnEmpty,
+    /// Where virtual IPs for TCP services without an address come from.
+    pub vip_cidr: VipCidr,
 }
 
 /// A validated ServiceEntry with its MCP metadata, ready to encode.

@@ -388,6 +388,8 @@ mod tests {
             export_to: vec![],
             registry: "consul".into(),
             source: "dc1".into(),
+            on_empty: crate::cli::OnEmpty::Keep,
+            vip_cidr: crate::vip::VipCidr::Off,
         }
     }
 

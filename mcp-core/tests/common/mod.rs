@@ -91,15 +91,41 @@ impl Adapter {
 
     /// Waits until /readyz answers `code`.
     pub async fn wait_readyz(&self, code: u16) -> String {
+        self.wait_http("/readyz", code).await
+    }
+
+    /// Waits until exactly `names` are served (the coalescing window has passed and the change
+    /// is published), so a stream opened next sees them.
+    pub async fn wait_served(&self, names: &[&str]) {
         let deadline = tokio::time::Instant::now() + STEP;
         loop {
-            let (c, body) = http_get(self.admin(), "/readyz").await;
+            let d = self.debug().await;
+            let served: Vec<&str> = d["resources"]
+                .as_array()
+                .map(|rs| rs.iter().filter_map(|r| r["name"].as_str()).collect())
+                .unwrap_or_default();
+            if served == names {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "served {served:?}, wanted {names:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until `path` on the admin port answers `code`; returns the body.
+    pub async fn wait_http(&self, path: &str, code: u16) -> String {
+        let deadline = tokio::time::Instant::now() + STEP;
+        loop {
+            let (c, body) = http_get(self.admin(), path).await;
             if c == code {
                 return body;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "/readyz stayed {c} ({body:?}), wanted {code}"
+                "{path} stayed {c} ({body:?}), wanted {code}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
