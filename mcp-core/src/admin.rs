@@ -66,6 +66,18 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     }
     if st.healthy {
         (StatusCode::OK, "ready\n".to_string())
+    } else if !st.synced {
+        (
+            StatusCode::OK,
+            format!(
+                "ready: serving the state restored from --state-file (written {}s ago); waiting for the first sync from {}{}\n",
+                st.staleness_secs(),
+                s.registry,
+                st.last_error
+                    .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default()
+            ),
+        )
     } else {
         (
             StatusCode::OK,
@@ -149,6 +161,7 @@ async fn debug_resources(State(s): State<AdminState>) -> impl IntoResponse {
         "registry": s.registry,
         "source": s.source,
         "synced": st.synced,
+        "restored": st.restored,
         "healthy": st.healthy,
         "lastError": st.last_error,
         "stalenessSeconds": st.staleness_secs(),

@@ -75,6 +75,11 @@ pub struct CommonArgs {
     #[arg(long, env = "MCP_VIP_CIDR")]
     pub vip_cidr: Option<VipCidr>,
 
+    /// File that keeps the last served set: written at every change, served at startup until
+    /// the registry answers (so a restart during a registry outage serves the last good state).
+    #[arg(long, env = "MCP_STATE_FILE")]
+    pub state_file: Option<PathBuf>,
+
     /// Log format.
     #[arg(long, env = "MCP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -12,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
-use crate::cache::Snapshot;
+use crate::cache::{state_file, Snapshot};
 use crate::cli::CommonArgs;
 use crate::index::Index;
 use crate::metrics::Metrics;
@@ -206,6 +207,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         coalesce: args.coalesce,
         health: health_reporter,
         shutdown: shutdown.clone(),
+        state_file: args.state_file.clone(),
     };
     // The writer is the only task that moves the served set forward: if it dies (a panic),
     // the whole adapter stops with an error instead of serving a frozen set as if ready.
@@ -270,6 +272,7 @@ struct Writer {
     coalesce: Duration,
     health: tonic_health::server::HealthReporter,
     shutdown: CancellationToken,
+    state_file: Option<PathBuf>,
 }
 
 #[allow(clippy::large_enum_variant)] // one at a time, on the stack
@@ -281,6 +284,7 @@ enum Step {
 
 impl Writer {
     async fn run<R: Registry>(mut self, registry: R) {
+        self.restore().await;
         let mut backoff = Backoff::new();
         loop {
             let mut stream = registry.watch();
@@ -348,8 +352,51 @@ impl Writer {
         }
     }
 
+    /// `--state-file`: serves the set saved by an earlier run until the registry answers, so an
+    /// adapter restarted during a registry outage is not empty (and not unready).
+    async fn restore(&mut self) {
+        let Some(path) = self.state_file.clone() else {
+            return;
+        };
+        match state_file::load(&path) {
+            Ok(Some(snapshot)) => {
+                let written = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+                tracing::info!(
+                    path = %path.display(),
+                    version = %snapshot.version,
+                    resources = snapshot.entries.len(),
+                    "Serving the state saved by an earlier run until the registry answers."
+                );
+                {
+                    let mut st = self.status.lock();
+                    st.restored = true;
+                    st.last_good = written;
+                }
+                self.snapshots.send_replace(Some(Arc::new(snapshot)));
+                self.health
+                    .set_service_status("", tonic_health::ServingStatus::Serving)
+                    .await;
+            }
+            Ok(None) => {
+                tracing::info!(path = %path.display(), "No state file yet; it is written at every change.");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Ignoring the state file; waiting for the registry.");
+            }
+        }
+    }
+
+    fn save_state(&self, snapshot: &Snapshot) {
+        if let Some(path) = &self.state_file {
+            // A few milliseconds even for thousands of services, once per published change.
+            if let Err(e) = state_file::save(path, snapshot) {
+                tracing::warn!(error = %e, "Could not save the served set.");
+            }
+        }
+    }
+
     async fn publish(&mut self) {
-        let first = self.snapshots.borrow().is_none();
+        let first = !self.status.lock().synced;
         if !self.index.has_pending() && !first {
             self.update_debug();
             return;
@@ -364,9 +411,14 @@ impl Writer {
                 .snapshots
                 .with_label_values(&[if first { "initial" } else { "change" }])
                 .inc();
+            self.save_state(&snapshot);
             self.snapshots.send_replace(Some(snapshot));
             if first {
-                self.status.lock().synced = true;
+                {
+                    let mut st = self.status.lock();
+                    st.synced = true;
+                    st.restored = false;
+                }
                 self.health
                     .set_service_status("", tonic_health::ServingStatus::Serving)
                     .await;

@@ -10,6 +10,8 @@ use crate::index::{Problems, Quarantined};
 pub struct Status {
     /// The first full sync from the registry is done.
     pub synced: bool,
+    /// Serving a set restored from `--state-file` (until the first sync replaces it).
+    pub restored: bool,
     /// The registry is reachable and in sync.
     pub healthy: bool,
     /// The last registry error, while unhealthy.
@@ -33,12 +35,13 @@ impl Status {
             .map_or(0, |d| d.as_secs())
     }
 
-    /// Ready = there is a state worth serving: the registry was synced once. A registry outage
+    /// Ready = there is a state worth serving: the registry was synced once, or the last served
+    /// set was restored from `--state-file`. A registry outage
     /// after that does not make the adapter unready: it keeps serving the last good state,
     /// which is exactly what a (re)starting istiod needs to reach. Registry health is
     /// [`Status::healthy`] (`/registryz`, the `registry` gRPC health service, metrics).
     pub fn ready(&self) -> bool {
-        self.synced
+        self.synced || self.restored
     }
 }
 

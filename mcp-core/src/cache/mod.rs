@@ -6,6 +6,7 @@
 //! replicas over the same input agree and a re-list that changes nothing changes no version.
 
 mod snapshot;
+pub mod state_file;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -5,7 +5,8 @@
 //! - the first request for a type on a stream is a subscription, whatever its nonce (istiod's adsc
 //!   sends a made-up timestamp nonce on its initial requests);
 //! - a request whose nonce matches the response in flight is its ACK, or its NACK if it carries an
-//!   error; any other nonce is stale and ignored;
+//!   error; any other nonce is stale: SotW ignores the whole request, delta still applies its
+//!   subscription change (see [`Engine::on_request`]);
 //! - one response per type is in flight; a newer snapshot waits for the ACK, and only the newest
 //!   one is sent then (slow sinks coalesce by themselves);
 //! - a NACKed snapshot is not sent again;
@@ -95,12 +96,36 @@ pub enum Ack {
     Stale,
 }
 
+/// The resource names a sink is subscribed to for one type.
+///
+/// The wildcard (`*`) and explicit names are kept apart because the delta protocol lets a sink
+/// hold both and drop either: unsubscribing `*` must leave the explicitly subscribed names, and
+/// unsubscribing a name while `*` is held must not end the wildcard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Subscription {
+    /// Every resource (`*`, or the legacy empty first request).
+    wildcard: bool,
+    /// Names subscribed explicitly (delta keeps them even while `wildcard` is set; SotW does not
+    /// need to, as each request restates the whole list).
+    names: BTreeSet<String>,
+}
+
+impl Subscription {
+    fn covers(&self, name: &str) -> bool {
+        self.wildcard || self.names.contains(name)
+    }
+}
+
+/// Version recorded for a name whose state must be sent again: no entry has an empty version, so
+/// the next diff sends the entry if it exists and reports the name removed if it does not.
+const RESEND: &str = "";
+
 #[derive(Debug)]
 struct TypeState {
     served: bool,
     incremental: bool,
-    /// `None` = every resource.
-    names: Option<BTreeSet<String>>,
+    /// What the sink asked for.
+    sub: Subscription,
     in_flight: Option<String>,
     /// What the sink holds once the response in flight is ACKed.
     next_known: Known,
@@ -135,6 +160,17 @@ impl Engine {
     }
 
     /// Handles a request; returns what it was and the response to send, if any.
+    ///
+    /// A request with a stale nonce is treated differently by the two protocol families:
+    /// - SotW (`Names::Replace`, `Names::Unchanged`): ignored entirely. Each SotW request restates
+    ///   the sink's whole subscription, and the sink answers the response in flight with a request
+    ///   carrying its current `resource_names`; so a stale request's names are superseded and
+    ///   nothing is lost by dropping them (the spec's "should not send a response for a stale
+    ///   nonce").
+    /// - delta (`Names::Delta`): its subscription change is applied and only its ACK/NACK part is
+    ///   ignored. Delta requests carry changes, not the whole set, so a dropped change is never
+    ///   repeated by the sink; the spec says the server "must honor changes to the subscription
+    ///   state even if the nonce is stale" (go-control-plane does the same).
     pub fn on_request(
         &mut self,
         req: Request,
@@ -149,7 +185,7 @@ impl Engine {
                 // A subscription change (delta clients send these without a nonce) amends the
                 // subscription; while a response is in flight, the ACK of that response sends
                 // the result.
-                apply_names(state, &req.names);
+                apply_names(state, &req.names, false);
                 if state.in_flight.is_some() {
                     return (Ack::Stale, None);
                 }
@@ -157,7 +193,16 @@ impl Engine {
             }
             Some(state) if !req.nonce.is_empty() => {
                 if state.in_flight.as_deref() != Some(req.nonce.as_str()) {
-                    return (Ack::Stale, None);
+                    if !matches!(req.names, Names::Delta { .. }) {
+                        return (Ack::Stale, None);
+                    }
+                    apply_names(state, &req.names, false);
+                    if state.in_flight.is_some() {
+                        // The ACK of the response in flight sends the result.
+                        return (Ack::Stale, None);
+                    }
+                    let out = self.try_send(&req.type_key, snapshot);
+                    return (Ack::Stale, out);
                 }
                 state.in_flight = None;
                 let kind = match req.error {
@@ -172,7 +217,7 @@ impl Engine {
                         Ack::Ack
                     }
                 };
-                apply_names(state, &req.names);
+                apply_names(state, &req.names, false);
                 kind
             }
             _ => {
@@ -191,7 +236,11 @@ impl Engine {
                 let mut state = TypeState {
                     served: (self.served)(&req.type_key),
                     incremental,
-                    names: None,
+                    // Protocols that name no resources (`Names::Unchanged`) get everything.
+                    sub: Subscription {
+                        wildcard: true,
+                        names: BTreeSet::new(),
+                    },
                     in_flight: None,
                     next_known: known.clone(),
                     known,
@@ -200,7 +249,7 @@ impl Engine {
                     dirty: true,
                     answered: false,
                 };
-                apply_names(&mut state, &req.names);
+                apply_names(&mut state, &req.names, true);
                 self.types.insert(req.type_key.clone(), state);
                 Ack::Subscribe
             }
@@ -253,7 +302,7 @@ impl Engine {
         if !state.dirty && (same || nacked) {
             return None;
         }
-        let view = filtered(snapshot, state.names.as_ref());
+        let view = filtered(snapshot, &state.sub);
         let incremental_now =
             state.incremental && (state.answered || matches!(state.known, Known::Versions(_)));
         let (resources, removed) = if incremental_now {
@@ -286,63 +335,142 @@ impl Engine {
     }
 }
 
-fn apply_names(state: &mut TypeState, names: &Names) {
+/// Applies a request's subscription change; `first` is the first request for the type on the
+/// stream (the only one that may subscribe to everything by naming nothing).
+fn apply_names(state: &mut TypeState, names: &Names, first: bool) {
     match names {
         Names::Unchanged => {}
         Names::Replace(list) => {
-            let new = if list.is_empty() || list.iter().any(|n| n == "*") {
-                None
-            } else {
-                Some(list.iter().cloned().collect())
+            // SotW restates the whole list each time, and an empty list has always meant
+            // everything to the sinks this serves, so explicit names are only kept when they
+            // filter.
+            let wildcard = list.is_empty() || list.iter().any(|n| n == "*");
+            let new = Subscription {
+                wildcard,
+                names: if wildcard {
+                    BTreeSet::new()
+                } else {
+                    list.iter().cloned().collect()
+                },
             };
-            if new != state.names {
-                state.names = new;
+            if new != state.sub {
+                state.sub = new;
                 state.dirty = true;
             }
         }
         Names::Delta {
             subscribe,
             unsubscribe,
-        } => {
-            let before = state.names.clone();
-            if !state.answered && subscribe.is_empty() {
-                state.names = None;
-            }
-            for n in subscribe {
-                if n == "*" {
-                    state.names = None;
-                } else if let Some(set) = state.names.as_mut() {
-                    set.insert(n.clone());
-                } else if !state.answered && !subscribe.iter().any(|n| n == "*") {
-                    state.names = Some([n.clone()].into());
-                }
-            }
-            for n in unsubscribe {
-                if n == "*" {
-                    state.names = Some(BTreeSet::new());
-                } else if let Some(set) = state.names.as_mut() {
-                    set.remove(n);
-                }
-            }
-            if before != state.names {
-                state.dirty = true;
-            }
-        }
+        } => apply_delta(state, subscribe, unsubscribe, first),
     }
 }
 
-fn filtered(snapshot: &Arc<Snapshot>, names: Option<&BTreeSet<String>>) -> Arc<Snapshot> {
-    match names {
-        None => Arc::clone(snapshot),
-        Some(set) => Arc::new(Snapshot::new(
-            snapshot
-                .entries
-                .iter()
-                .filter(|e| set.contains(&*e.name))
-                .cloned()
-                .collect(),
-        )),
+/// Applies a delta subscription change and adjusts what the sink is taken to hold, following the
+/// incremental section of the xDS protocol:
+/// - only the first request may subscribe to everything by leaving `resource_names_subscribe`
+///   empty (the legacy wildcard); later requests change the wildcard only through `*`;
+/// - every name in `resource_names_subscribe` is sent again (or reported removed if it does not
+///   exist), even if the sink seems to hold it: the sink may have forgotten it, and a missing
+///   name is how the sink learns a resource does not exist. On the first request, names the sink
+///   declared in `initial_resource_versions` are not resent: avoiding that is their purpose;
+/// - an unsubscribed name is forgotten without a removal (the sink dropped it itself), unless
+///   `*` is still held: the sink cannot tell whether the wildcard covers the name, so its state
+///   is sent again (the resource, or its removal);
+/// - unsubscribing `*` forgets everything but the explicit names, again without removals, so
+///   the sink is not told to delete names it still holds.
+fn apply_delta(state: &mut TypeState, subscribe: &[String], unsubscribe: &[String], first: bool) {
+    let before = state.sub.clone();
+    let mut resend: BTreeSet<&str> = BTreeSet::new();
+    if first {
+        state.sub.wildcard = subscribe.is_empty();
     }
+    for n in subscribe {
+        if n == "*" {
+            state.sub.wildcard = true;
+            continue;
+        }
+        state.sub.names.insert(n.clone());
+        if !(first && known_has(&state.known, n)) {
+            resend.insert(n);
+        }
+    }
+    let mut dropped: Vec<&str> = Vec::new();
+    for n in unsubscribe {
+        if n == "*" {
+            state.sub.wildcard = false;
+        } else if state.sub.names.remove(n) {
+            dropped.push(n);
+        }
+        // Anything else is a phantom unsubscription: nothing to do.
+    }
+    if state.sub.wildcard {
+        resend.extend(dropped);
+    }
+    // Without the wildcard, the sink holds (and is told about) only what it names.
+    let keep = (!state.sub.wildcard).then_some(&state.sub.names);
+    let amended_known = amend(&mut state.known, &resend, keep);
+    let amended_next = amend(&mut state.next_known, &resend, keep);
+    if before != state.sub || amended_known || amended_next {
+        state.dirty = true;
+    }
+}
+
+/// Whether the sink is taken to hold `name` (on a first request: declared it in
+/// `initial_resource_versions`).
+fn known_has(known: &Known, name: &str) -> bool {
+    match known {
+        Known::Nothing => false,
+        Known::Snapshot(s) => s.get(name).is_some(),
+        Known::Versions(m) => m.contains_key(name),
+    }
+}
+
+/// Marks `resend` as to be sent again and, if `keep` is given, forgets every other name not in
+/// it; returns whether anything changed. What the sink holds is only rewritten into a map when
+/// something changes: on a wildcard stream it is usually a whole shared snapshot.
+fn amend(known: &mut Known, resend: &BTreeSet<&str>, keep: Option<&BTreeSet<String>>) -> bool {
+    let outside = |name: &str| keep.is_some_and(|k| !k.contains(name));
+    let needs_pruning = match &*known {
+        Known::Nothing => false,
+        Known::Snapshot(s) => s.entries.iter().any(|e| outside(&e.name)),
+        Known::Versions(m) => m.keys().any(|n| outside(n)),
+    };
+    let resend: Vec<&str> = resend.iter().copied().filter(|n| !outside(n)).collect();
+    if resend.is_empty() && !needs_pruning {
+        return false;
+    }
+    let mut map: BTreeMap<String, String> = match std::mem::replace(known, Known::Nothing) {
+        Known::Nothing => BTreeMap::new(),
+        Known::Snapshot(s) => s
+            .entries
+            .iter()
+            .filter(|e| !outside(&e.name))
+            .map(|e| (e.name.to_string(), e.version.to_string()))
+            .collect(),
+        Known::Versions(mut m) => {
+            m.retain(|n, _| !outside(n));
+            m
+        }
+    };
+    for n in resend {
+        map.insert(n.to_string(), RESEND.to_string());
+    }
+    *known = Known::Versions(map);
+    true
+}
+
+fn filtered(snapshot: &Arc<Snapshot>, sub: &Subscription) -> Arc<Snapshot> {
+    if sub.wildcard {
+        return Arc::clone(snapshot);
+    }
+    Arc::new(Snapshot::new(
+        snapshot
+            .entries
+            .iter()
+            .filter(|e| sub.covers(&e.name))
+            .cloned()
+            .collect(),
+    ))
 }
 
 #[cfg(test)]
@@ -614,5 +742,208 @@ mod tests {
         };
         let (_, out) = e.on_request(ack, Some(&s1));
         assert_eq!(names_of(&out.expect("added")), vec!["ns/b"]);
+    }
+
+    fn delta(subscribe: &[&str], unsubscribe: &[&str]) -> Names {
+        Names::Delta {
+            subscribe: subscribe.iter().map(|n| n.to_string()).collect(),
+            unsubscribe: unsubscribe.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    fn delta_request(nonce: &str, subscribe: &[&str], unsubscribe: &[&str]) -> Request {
+        let mut req = mk_request(SE, nonce);
+        req.names = delta(subscribe, unsubscribe);
+        req
+    }
+
+    /// A delta ACK of `out`, as clients send it (no subscription change).
+    fn delta_ack(e: &mut Engine, out: &Outgoing, snap: &Arc<Snapshot>) -> Option<Outgoing> {
+        let (kind, next) = e.on_request(delta_request(&out.nonce, &[], &[]), Some(snap));
+        assert_eq!(kind, Ack::Ack);
+        next
+    }
+
+    #[test]
+    fn unsubscribing_the_wildcard_keeps_the_explicit_names() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let s2 = mk_snapshot(&[("ns/a", "2"), ("ns/b", "2")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        let (_, out) = e.on_request(delta_request("", &[], &[]), Some(&s1));
+        let out = out.expect("legacy wildcard: everything");
+        assert_eq!(names_of(&out), vec!["ns/a", "ns/b"]);
+        assert!(delta_ack(&mut e, &out, &s1).is_none());
+        // Subscribing to ns/a while holding `*` resends it (the spec requires it) ...
+        let (_, out) = e.on_request(delta_request("", &["ns/a"], &[]), Some(&s1));
+        let out = out.expect("ns/a again");
+        assert_eq!(names_of(&out), vec!["ns/a"]);
+        assert!(out.removed.is_empty());
+        assert!(delta_ack(&mut e, &out, &s1).is_none());
+        // ... and dropping `*` leaves it: nothing to say, in particular no removal of ns/a (the
+        // sink still holds it) nor of ns/b (the sink dropped it with the wildcard).
+        let (_, out) = e.on_request(delta_request("", &[], &["*"]), Some(&s1));
+        assert!(out.is_none(), "{out:?}");
+        let out = e.on_snapshot(&s2).pop().expect("ns/a changed");
+        assert_eq!(
+            names_of(&out),
+            vec!["ns/a"],
+            "only the name still subscribed"
+        );
+        assert!(out.removed.is_empty());
+    }
+
+    #[test]
+    fn explicit_names_survive_a_wildcard_subscribed_alongside() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1"), ("ns/c", "1")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        let (_, out) = e.on_request(delta_request("", &["ns/a"], &[]), Some(&s1));
+        let out = out.expect("ns/a");
+        assert_eq!(names_of(&out), vec!["ns/a"]);
+        assert!(delta_ack(&mut e, &out, &s1).is_none());
+        let (_, out) = e.on_request(delta_request("", &["*"], &[]), Some(&s1));
+        let out = out.expect("the rest");
+        assert_eq!(names_of(&out), vec!["ns/b", "ns/c"], "ns/a is held already");
+        assert!(delta_ack(&mut e, &out, &s1).is_none());
+        let (_, out) = e.on_request(delta_request("", &[], &["*"]), Some(&s1));
+        assert!(out.is_none(), "no removals: {out:?}");
+        let s2 = mk_snapshot(&[("ns/b", "2"), ("ns/c", "2")]);
+        let out = e.on_snapshot(&s2).pop().expect("ns/a deleted");
+        assert!(out.resources.is_empty(), "{out:?}");
+        assert_eq!(out.removed, vec!["ns/a"]);
+    }
+
+    #[test]
+    fn only_the_first_request_can_be_a_legacy_wildcard() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        // Before the first sync nothing is answered, so the sink's second request (unsubscribing
+        // only) comes before any response.
+        let (_, out) = e.on_request(delta_request("", &["ns/a"], &[]), None);
+        assert!(out.is_none());
+        let (_, out) = e.on_request(delta_request("", &[], &["ns/zzz"]), None);
+        assert!(out.is_none());
+        let out = e.on_snapshot(&s1).pop().expect("first answer");
+        assert_eq!(names_of(&out), vec!["ns/a"], "still only ns/a");
+
+        // Unsubscribing the last name leaves nothing subscribed, not everything.
+        let mut e = Engine::new(Incremental::Always, served);
+        e.on_request(delta_request("", &["ns/a"], &[]), None);
+        e.on_request(delta_request("", &[], &["ns/a"]), None);
+        let out = e.on_snapshot(&s1).pop().expect("first answer");
+        assert!(out.resources.is_empty(), "{out:?}");
+    }
+
+    #[test]
+    fn delta_subscription_change_with_a_stale_nonce_is_applied() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let s2 = mk_snapshot(&[("ns/a", "2"), ("ns/b", "1")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        let (_, out) = e.on_request(delta_request("", &["ns/a"], &[]), Some(&s1));
+        let first = out.expect("ns/a");
+        assert!(delta_ack(&mut e, &first, &s1).is_none());
+        let second = e.on_snapshot(&s2).pop().expect("ns/a changed");
+        // The sink subscribes to ns/b quoting the nonce of the response it last handled.
+        let (kind, out) = e.on_request(delta_request(&first.nonce, &["ns/b"], &[]), Some(&s2));
+        assert_eq!(kind, Ack::Stale, "not an ACK of the response in flight");
+        assert!(out.is_none(), "one response in flight");
+        let out = delta_ack(&mut e, &second, &s2).expect("ns/b after the ACK");
+        assert_eq!(names_of(&out), vec!["ns/b"]);
+
+        // With nothing in flight the change is answered at once.
+        assert!(delta_ack(&mut e, &out, &s2).is_none());
+        let mut stale = delta_request(&first.nonce, &[], &["ns/a", "ns/b"]);
+        stale.error = Some("an old rejection".into());
+        let (kind, out) = e.on_request(stale, Some(&s2));
+        assert_eq!(kind, Ack::Stale, "the NACK part is ignored");
+        assert!(out.is_none(), "unsubscribing needs no answer");
+        assert!(e.on_snapshot(&mk_snapshot(&[("ns/a", "3")])).is_empty());
+    }
+
+    #[test]
+    fn sotw_request_with_a_stale_nonce_is_ignored() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let s2 = mk_snapshot(&[("ns/a", "2"), ("ns/b", "2")]);
+        let mut e = Engine::new(Incremental::Never, served);
+        let mut req = mk_request(SE, "");
+        req.names = Names::Replace(vec!["ns/a".into()]);
+        let (_, out) = e.on_request(req, Some(&s1));
+        let first = out.expect("ns/a");
+        let mut ack = mk_request(SE, &first.nonce);
+        ack.names = Names::Replace(vec!["ns/a".into()]);
+        e.on_request(ack, Some(&s1));
+        let second = e.on_snapshot(&s2).pop().expect("ns/a changed");
+        // Superseded by the ACK of `second`, which restates the list.
+        let mut stale = mk_request(SE, &first.nonce);
+        stale.names = Names::Replace(vec!["ns/b".into()]);
+        let (kind, out) = e.on_request(stale, Some(&s2));
+        assert_eq!(kind, Ack::Stale);
+        assert!(out.is_none());
+        let mut ack = mk_request(SE, &second.nonce);
+        ack.names = Names::Replace(vec!["ns/a".into()]);
+        let (kind, out) = e.on_request(ack, Some(&s2));
+        assert_eq!(kind, Ack::Ack);
+        assert!(out.is_none(), "still ns/a only: {out:?}");
+    }
+
+    #[test]
+    fn unsubscribed_names_are_not_reported_removed() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        let (_, out) = e.on_request(delta_request("", &["ns/a", "ns/b"], &[]), Some(&s1));
+        let out = out.expect("both");
+        assert_eq!(names_of(&out), vec!["ns/a", "ns/b"]);
+        assert!(delta_ack(&mut e, &out, &s1).is_none());
+        let (_, out) = e.on_request(delta_request("", &[], &["ns/b"]), Some(&s1));
+        assert!(out.is_none(), "the sink dropped ns/b itself: {out:?}");
+        // Subscribing again sends it again, though its version did not change.
+        let (_, out) = e.on_request(delta_request("", &["ns/b"], &[]), Some(&s1));
+        let out = out.expect("ns/b again");
+        assert_eq!(names_of(&out), vec!["ns/b"]);
+        assert!(out.removed.is_empty());
+    }
+
+    #[test]
+    fn unsubscribing_a_name_also_under_the_wildcard_resends_its_state() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        let (_, out) = e.on_request(delta_request("", &["*", "ns/a", "ns/x"], &[]), Some(&s1));
+        let out = out.expect("everything");
+        assert_eq!(names_of(&out), vec!["ns/a", "ns/b"]);
+        assert_eq!(out.removed, vec!["ns/x"], "ns/x does not exist");
+        assert!(delta_ack(&mut e, &out, &s1).is_none());
+        // The sink cannot tell whether `*` covers ns/a and ns/x: the server says.
+        let (_, out) = e.on_request(delta_request("", &[], &["ns/a", "ns/x"]), Some(&s1));
+        let out = out.expect("their state");
+        assert_eq!(names_of(&out), vec!["ns/a"], "still there under `*`");
+        assert_eq!(out.removed, vec!["ns/x"]);
+    }
+
+    #[test]
+    fn subscribing_to_a_missing_name_reports_it_removed() {
+        let s1 = mk_snapshot(&[("ns/a", "1")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        let (_, out) = e.on_request(delta_request("", &["ns/a"], &[]), Some(&s1));
+        assert!(delta_ack(&mut e, &out.expect("ns/a"), &s1).is_none());
+        let (_, out) = e.on_request(delta_request("", &["ns/zzz"], &[]), Some(&s1));
+        let out = out.expect("the sink learns ns/zzz does not exist");
+        assert!(out.resources.is_empty());
+        assert_eq!(out.removed, vec!["ns/zzz"]);
+        assert!(delta_ack(&mut e, &out, &s1).is_none());
+        // When it appears, it is sent.
+        let s2 = mk_snapshot(&[("ns/a", "1"), ("ns/zzz", "1")]);
+        let out = e.on_snapshot(&s2).pop().expect("ns/zzz created");
+        assert_eq!(names_of(&out), vec!["ns/zzz"]);
+    }
+
+    #[test]
+    fn initial_versions_of_subscribed_names_are_not_resent() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let mut e = Engine::new(Incremental::Always, served);
+        let mut req = delta_request("", &["ns/a", "ns/b"], &[]);
+        req.initial_versions = [("ns/a".to_string(), "1".to_string())].into();
+        let (_, out) = e.on_request(req, Some(&s1));
+        let out = out.expect("ns/b");
+        assert_eq!(names_of(&out), vec!["ns/b"], "ns/a is up to date");
+        assert!(out.removed.is_empty());
     }
 }

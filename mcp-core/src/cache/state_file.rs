@@ -1,0 +1,180 @@
+//! `--state-file`: the last served set on disk, so an adapter restarted while its registry is
+//! down serves the last good state instead of nothing.
+//!
+//! The file holds the encoded resources exactly as they were served (length-delimited
+//! `istio.mcp.v1alpha1.Resource` messages after a one-line header), so a restored snapshot has
+//! the same names, versions, creation times and snapshot version as before the restart: a
+//! reconnecting istiod sees no change. It is written to a temporary file and renamed, so a crash
+//! mid-write leaves the previous file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use prost::Message;
+use proto::istio::mcp::v1alpha1::Resource;
+use proto::istio::networking::v1alpha3::ServiceEntry;
+
+use super::{Entry, Snapshot, Summary};
+
+const HEADER: &[u8] = b"mcp-adapter state v1\n";
+
+/// Why the state file could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    /// Reading, writing or renaming failed.
+    #[error("state file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The content is not a state file of this version, or is cut short.
+    #[error("state file {path}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Writes `snapshot` to `path` atomically.
+pub fn save(path: &Path, snapshot: &Snapshot) -> Result<(), StateFileError> {
+    let io = |source| StateFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let size: usize = snapshot.entries.iter().map(|e| e.resource.len() + 5).sum();
+    let mut buf = Vec::with_capacity(HEADER.len() + size);
+    buf.extend_from_slice(HEADER);
+    for e in &snapshot.entries {
+        prost::encoding::encode_varint(e.resource.len() as u64, &mut buf);
+        buf.extend_from_slice(&e.resource);
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, &buf).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Reads the snapshot saved at `path`; `None` if there is no file.
+pub fn load(path: &Path) -> Result<Option<Snapshot>, StateFileError> {
+    let corrupt = |reason: String| StateFileError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let data = match std::fs::read(path) {
+        Ok(d) => Bytes::from(d),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(StateFileError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    if !data.starts_with(HEADER) {
+        return Err(corrupt("not a state file of this version".into()));
+    }
+    let mut rest = data.slice(HEADER.len()..);
+    let mut entries: Vec<Arc<Entry>> = Vec::new();
+    while rest.has_remaining() {
+        let len = prost::encoding::decode_varint(&mut rest)
+            .map_err(|e| corrupt(format!("entry {}: {e}", entries.len() + 1)))?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|l| *l <= rest.len())
+            .ok_or_else(|| corrupt(format!("entry {} is cut short", entries.len() + 1)))?;
+        let bytes = rest.split_to(len);
+        let entry = decode_entry(bytes)
+            .map_err(|e| corrupt(format!("entry {}: {e}", entries.len() + 1)))?;
+        entries.push(Arc::new(entry));
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    entries.dedup_by(|a, b| a.name == b.name);
+    Ok(Some(Snapshot::new(entries)))
+}
+
+fn decode_entry(bytes: Bytes) -> Result<Entry, String> {
+    let r = Resource::decode(bytes.clone()).map_err(|e| e.to_string())?;
+    let md = r.metadata.ok_or("no metadata")?;
+    let body = r.body.ok_or("no body")?;
+    let se = ServiceEntry::decode(body.value.as_slice()).map_err(|e| e.to_string())?;
+    Ok(Entry {
+        name: md.name.into(),
+        version: md.version.into(),
+        resource: bytes,
+        summary: Summary {
+            hosts: se.hosts,
+            ports: se.ports.len(),
+            endpoints: se.endpoints.len(),
+            create_time: md.create_time.map_or(0, |t| t.seconds),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::encode;
+    use crate::index::Index;
+    use crate::metrics::Metrics;
+    use crate::registry::RegistryEvent;
+    use crate::testing::mk_service;
+    use crate::translate::TranslateConfig;
+
+    fn snapshot() -> Arc<Snapshot> {
+        let mut idx = Index::new(
+            TranslateConfig {
+                namespace: "ns".into(),
+                host_suffix: "example".into(),
+                export_to: vec![],
+                registry: "test".into(),
+                source: "test".into(),
+                on_empty: crate::cli::OnEmpty::Keep,
+                vip_cidr: crate::vip::VipCidr::Off,
+            },
+            Metrics::new("test").expect("metrics"),
+        );
+        idx.apply(RegistryEvent::Reset(vec![
+            mk_service("b", 2),
+            mk_service("a", 1),
+        ]));
+        idx.flush().expect("snapshot")
+    }
+
+    fn temp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("mcp-state-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn round_trip_keeps_names_versions_and_bytes() {
+        let _ = encode; // the entries come from the one encoder
+        let s = snapshot();
+        let path = temp("roundtrip");
+        save(&path, &s).expect("saved");
+        let back = load(&path).expect("read").expect("present");
+        assert_eq!(back.version, s.version);
+        assert_eq!(back.entries, s.entries);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn missing_is_none_and_garbage_is_an_error_naming_the_file() {
+        let path = temp("missing");
+        assert!(load(&path).expect("no error").is_none());
+        std::fs::write(&path, b"hello").expect("write");
+        let err = load(&path).expect_err("not a state file").to_string();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        let mut cut = HEADER.to_vec();
+        cut.extend_from_slice(&[200, 1, 1, 2]);
+        std::fs::write(&path, cut).expect("write");
+        let err = load(&path).expect_err("cut short").to_string();
+        assert!(err.contains("cut short"), "{err}");
+        let _ = std::fs::remove_file(&path);
+    }
+}

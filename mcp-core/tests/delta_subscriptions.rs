@@ -1,0 +1,216 @@
+//! Delta xDS subscription changes over real gRPC: the wildcard and explicit names are tracked
+//! apart, only the first request can be a legacy wildcard, subscription changes with a stale
+//! nonce are honoured, and unsubscribed names are not reported removed (xDS protocol, "Incremental
+//! xDS").
+
+mod common;
+
+use common::*;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
+use mcp_core::registry::RegistryEvent;
+use mcp_core::testing::mk_service;
+use mcp_core::Service;
+
+/// A started adapter with `services` synced.
+async fn synced(services: Vec<Service>) -> Adapter {
+    let a = Adapter::start().await;
+    a.handle.send(RegistryEvent::Reset(services));
+    a.wait_readyz(200).await;
+    a
+}
+
+/// A delta request for ServiceEntries changing the subscription.
+fn change(nonce: &str, subscribe: &[&str], unsubscribe: &[&str]) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        response_nonce: nonce.into(),
+        resource_names_subscribe: subscribe.iter().map(|n| n.to_string()).collect(),
+        resource_names_unsubscribe: unsubscribe.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// The first request of a stream.
+fn first(subscribe: &[&str]) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        node: Some(istiod_node()),
+        ..change("", subscribe, &[])
+    }
+}
+
+/// Names of the resources a response carries, sorted.
+fn sent(r: &DeltaDiscoveryResponse) -> Vec<String> {
+    let mut names: Vec<String> = r.resources.iter().map(|r| r.name.clone()).collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn unsubscribing_the_wildcard_keeps_explicit_names() {
+    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
+    let mut s = a.delta().await;
+    s.send(first(&[]));
+    let r1 = s.recv().await;
+    assert_eq!(sent(&r1), vec!["fake/a", "fake/b"], "legacy wildcard");
+    s.send(delta_ack(&r1));
+
+    s.send(change("", &["fake/a"], &[]));
+    let r2 = s.recv().await;
+    assert_eq!(sent(&r2), vec!["fake/a"], "a newly subscribed name is sent");
+    assert!(r2.removed_resources.is_empty());
+    s.send(delta_ack(&r2));
+
+    s.send(change("", &[], &["*"]));
+    s.silent("no removal for fake/a (still held) nor fake/b (dropped by the sink)")
+        .await;
+
+    a.handle.send(RegistryEvent::Upsert(mk_service("b", 2)));
+    s.silent("fake/b is no longer subscribed").await;
+    a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
+    let r3 = s.recv().await;
+    assert_eq!(sent(&r3), vec!["fake/a"], "fake/a is still subscribed");
+    assert!(r3.removed_resources.is_empty(), "{r3:?}");
+    s.send(delta_ack(&r3));
+    s.silent("ACKed").await;
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn unsubscribing_only_before_the_first_answer_is_not_a_wildcard() {
+    // Not synced yet: nothing is answered, so the second request precedes any response.
+    let a = Adapter::start().await;
+    let mut s = a.delta().await;
+    s.send(first(&["fake/a"]));
+    s.send(change("", &[], &["fake/zzz"]));
+    s.silent("not synced").await;
+    a.handle.send(RegistryEvent::Reset(vec![
+        mk_service("a", 1),
+        mk_service("b", 1),
+    ]));
+    let r1 = s.recv().await;
+    assert_eq!(sent(&r1), vec!["fake/a"], "still an explicit subscription");
+    s.send(delta_ack(&r1));
+    a.handle.send(RegistryEvent::Upsert(mk_service("b", 2)));
+    s.silent("fake/b was never subscribed").await;
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn subscription_change_with_a_stale_nonce_is_honoured() {
+    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
+    let mut s = a.delta().await;
+    s.send(first(&["fake/a"]));
+    let r1 = s.recv().await;
+    assert_eq!(sent(&r1), vec!["fake/a"]);
+    s.send(delta_ack(&r1));
+    s.silent("ACKed").await;
+
+    a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
+    let r2 = s.recv().await;
+    assert_eq!(sent(&r2), vec!["fake/a"]);
+    // Before handling r2, the sink subscribes to fake/b quoting r1's (now stale) nonce.
+    s.send(change(&r1.nonce, &["fake/b"], &[]));
+    s.send(delta_ack(&r2));
+    let r3 = s.recv().await;
+    assert_eq!(
+        sent(&r3),
+        vec!["fake/b"],
+        "the stale request's change is applied"
+    );
+    s.send(delta_ack(&r3));
+
+    // With nothing in flight, a stale unsubscription is applied too (and needs no answer).
+    s.send(change(&r1.nonce, &[], &["fake/a"]));
+    s.silent("unsubscribing needs no answer").await;
+    a.handle.send(RegistryEvent::Upsert(mk_service("a", 3)));
+    s.silent("fake/a is no longer subscribed").await;
+    a.handle.send(RegistryEvent::Upsert(mk_service("b", 2)));
+    let r4 = s.recv().await;
+    assert_eq!(sent(&r4), vec!["fake/b"]);
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn explicit_names_outlive_a_wildcard_added_and_dropped() {
+    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
+    let mut s = a.delta().await;
+    s.send(first(&["fake/a"]));
+    let r1 = s.recv().await;
+    assert_eq!(sent(&r1), vec!["fake/a"]);
+    s.send(delta_ack(&r1));
+
+    s.send(change("", &["*"], &[]));
+    let r2 = s.recv().await;
+    assert_eq!(sent(&r2), vec!["fake/b"], "fake/a is held already");
+    s.send(delta_ack(&r2));
+
+    s.send(change("", &[], &["*"]));
+    s.silent("no removal for fake/a (still subscribed) nor fake/b (dropped by the sink)")
+        .await;
+    a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
+    let r3 = s.recv().await;
+    assert_eq!(sent(&r3), vec!["fake/a"], "fake/a is still subscribed");
+    assert!(r3.removed_resources.is_empty(), "{r3:?}");
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn unsubscribed_names_are_not_reported_removed_and_come_back() {
+    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
+    let mut s = a.delta().await;
+    s.send(first(&["fake/a", "fake/b"]));
+    let r1 = s.recv().await;
+    assert_eq!(sent(&r1), vec!["fake/a", "fake/b"]);
+    s.send(delta_ack(&r1));
+
+    s.send(change("", &[], &["fake/b"]));
+    s.silent("the sink dropped fake/b itself").await;
+
+    s.send(change("", &["fake/b"], &[]));
+    let r2 = s.recv().await;
+    assert_eq!(sent(&r2), vec!["fake/b"], "resent although unchanged");
+    assert!(r2.removed_resources.is_empty());
+    s.send(delta_ack(&r2));
+    s.silent("ACKed").await;
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn subscribing_to_a_missing_name_reports_it_removed() {
+    let a = synced(vec![mk_service("a", 1)]).await;
+    let mut s = a.delta().await;
+    s.send(first(&["fake/a", "fake/zzz"]));
+    let r1 = s.recv().await;
+    assert_eq!(sent(&r1), vec!["fake/a"]);
+    assert_eq!(
+        r1.removed_resources,
+        vec!["fake/zzz"],
+        "so the sink need not time out"
+    );
+    s.send(delta_ack(&r1));
+    a.handle.send(RegistryEvent::Upsert(mk_service("zzz", 1)));
+    let r2 = s.recv().await;
+    assert_eq!(sent(&r2), vec!["fake/zzz"], "sent once it exists");
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn unsubscribing_a_name_under_the_wildcard_resends_its_state() {
+    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
+    let mut s = a.delta().await;
+    s.send(first(&["*", "fake/a"]));
+    let r1 = s.recv().await;
+    assert_eq!(sent(&r1), vec!["fake/a", "fake/b"]);
+    s.send(delta_ack(&r1));
+
+    // The sink cannot know whether `*` covers fake/a: the server tells it.
+    s.send(change("", &[], &["fake/a"]));
+    let r2 = s.recv().await;
+    assert_eq!(sent(&r2), vec!["fake/a"]);
+    assert!(r2.removed_resources.is_empty());
+    s.send(delta_ack(&r2));
+    s.silent("ACKed").await;
+    a.stop().await;
+}
