@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use mcp_core::cli::parse_duration;
 
-/// What to watch and how often.
+/// What to watch, how often, and how far to trust what is found there.
 #[derive(Clone, Debug, clap::Args)]
 pub struct FileConfig {
     /// File or directory to serve (repeatable, or comma-separated in the environment variable).
@@ -29,6 +29,39 @@ pub struct FileConfig {
         value_parser = parse_duration
     )]
     pub poll_interval: Duration,
+
+    /// Longest a single file read may take (`5s`). A read that takes longer (a hung network
+    /// mount) is reported as a problem and the file keeps its last good content; other files
+    /// keep reloading.
+    #[arg(
+        long,
+        env = "MCP_FILE_READ_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    pub read_timeout: Duration,
+
+    /// Largest file that is read (`16MiB`, `512KiB`, or bytes). Bigger files are reported as a
+    /// problem instead of being loaded into memory.
+    #[arg(
+        long,
+        env = "MCP_FILE_MAX_SIZE",
+        default_value = "16MiB",
+        value_parser = parse_size
+    )]
+    pub max_file_size: u64,
+
+    /// How long a new version of a file that would remove services (an empty file, fewer
+    /// documents) or no longer parses must stay unchanged before it is applied (`2s`; `0`
+    /// applies it at once). Editors and `kubectl cp` truncate before they write: this keeps
+    /// services from disappearing for a poll in the middle of such a write.
+    #[arg(
+        long,
+        env = "MCP_FILE_SETTLE_TIME",
+        default_value = "2s",
+        value_parser = parse_duration
+    )]
+    pub settle_time: Duration,
 }
 
 /// Why a [`FileConfig`] cannot be used.
@@ -40,9 +73,26 @@ pub enum ConfigError {
     /// A zero interval would turn the watcher into a busy loop.
     #[error("--poll-interval must be greater than 0")]
     ZeroPollInterval,
+    /// A zero timeout would fail every read.
+    #[error("--read-timeout must be greater than 0")]
+    ZeroReadTimeout,
+    /// A zero limit would refuse every file.
+    #[error("--max-file-size must be greater than 0")]
+    ZeroMaxFileSize,
 }
 
 impl FileConfig {
+    /// A configuration with the flags' defaults, for `paths` (used by tests and embedders).
+    pub fn new(paths: Vec<PathBuf>) -> Self {
+        Self {
+            paths,
+            poll_interval: Duration::from_secs(1),
+            read_timeout: Duration::from_secs(5),
+            max_file_size: 16 * MIB,
+            settle_time: Duration::from_secs(2),
+        }
+    }
+
     /// Checks what clap cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.paths.is_empty() {
@@ -51,7 +101,51 @@ impl FileConfig {
         if self.poll_interval.is_zero() {
             return Err(ConfigError::ZeroPollInterval);
         }
+        if self.read_timeout.is_zero() {
+            return Err(ConfigError::ZeroReadTimeout);
+        }
+        if self.max_file_size == 0 {
+            return Err(ConfigError::ZeroMaxFileSize);
+        }
         Ok(())
+    }
+}
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const GIB: u64 = 1024 * MIB;
+
+/// Parses a byte count: `1048576`, `512KiB`, `16MiB`, `1GiB` (`K`, `M`, `G`, `KB`, `MB`, `GB`
+/// mean the same binary units: nobody sizes configuration files in powers of ten).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 16MiB, 512KiB, 1048576)"))?;
+    let unit = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => KIB,
+        "m" | "mb" | "mib" => MIB,
+        "g" | "gb" | "gib" => GIB,
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` in `{s}` (use KiB, MiB, GiB)"
+            ))
+        }
+    };
+    n.checked_mul(unit)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// Formats a byte count the way [`parse_size`] reads it, for messages (`16 MiB`).
+pub fn format_size(n: u64) -> String {
+    match n {
+        n if n >= GIB && n % GIB == 0 => format!("{} GiB", n / GIB),
+        n if n >= MIB && n % MIB == 0 => format!("{} MiB", n / MIB),
+        n if n >= KIB && n % KIB == 0 => format!("{} KiB", n / KIB),
+        n => format!("{n} bytes"),
     }
 }
 
@@ -91,20 +185,50 @@ mod tests {
     }
 
     #[test]
+    fn defaults_match_new() {
+        let cli = Cli::try_parse_from(["adapter-file", "--path", "a"]).expect("parses");
+        let new = FileConfig::new(vec!["a".into()]);
+        assert_eq!(cli.file.read_timeout, new.read_timeout);
+        assert_eq!(cli.file.max_file_size, new.max_file_size);
+        assert_eq!(cli.file.settle_time, new.settle_time);
+        assert_eq!(cli.file.poll_interval, new.poll_interval);
+    }
+
+    #[test]
     fn validation() {
         assert!(
             Cli::try_parse_from(["adapter-file", "--poll-interval", "fast", "--path", "a"])
                 .is_err()
         );
-        let config = FileConfig {
-            paths: vec![],
-            poll_interval: Duration::from_secs(1),
-        };
+        let config = FileConfig::new(vec![]);
         assert_eq!(config.validate(), Err(ConfigError::NoPaths));
         let config = FileConfig {
-            paths: vec!["a".into()],
             poll_interval: Duration::ZERO,
+            ..FileConfig::new(vec!["a".into()])
         };
         assert_eq!(config.validate(), Err(ConfigError::ZeroPollInterval));
+        let config = FileConfig {
+            read_timeout: Duration::ZERO,
+            ..FileConfig::new(vec!["a".into()])
+        };
+        assert_eq!(config.validate(), Err(ConfigError::ZeroReadTimeout));
+        let config = FileConfig {
+            max_file_size: 0,
+            ..FileConfig::new(vec!["a".into()])
+        };
+        assert_eq!(config.validate(), Err(ConfigError::ZeroMaxFileSize));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1048576"), Ok(MIB));
+        assert_eq!(parse_size("16MiB"), Ok(16 * MIB));
+        assert_eq!(parse_size("512 KiB"), Ok(512 * KIB));
+        assert_eq!(parse_size("1g"), Ok(GIB));
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("99999999999999GiB").is_err());
+        assert_eq!(format_size(16 * MIB), "16 MiB");
+        assert_eq!(format_size(1500), "1500 bytes");
     }
 }

@@ -1,13 +1,19 @@
 //! File adapter: serves Istio ServiceEntries written as Istio YAML/JSON or as a compact
 //! inventory (see README.md) from files and directories, re-read when they change.
 //!
-//! [`convert`] turns one file's text into services, [`registry`] polls the paths and implements
-//! [`mcp_core::Registry`], [`config`] holds the flags. Validation beyond shape is left to the core.
+//! [`convert`] turns one file's text into services; [`walk`] lists the configured paths,
+//! [`read`] reads one file without letting it stall the watcher, [`scanner`] keeps what every
+//! file serves between polls, and [`registry`] runs it and implements [`mcp_core::Registry`];
+//! [`config`] holds the flags. Validation beyond shape is left to the core.
 
 pub mod config;
 pub mod convert;
+pub mod read;
 pub mod registry;
+pub mod scanner;
+pub mod walk;
 
 pub use config::{ConfigError, FileConfig};
 pub use convert::{parse, ConvertError, Format};
-pub use registry::{FileError, FileRegistry};
+pub use registry::FileRegistry;
+pub use scanner::FileError;

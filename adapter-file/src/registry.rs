@@ -1,55 +1,29 @@
-//! The watcher: polls the configured paths and turns them into `Reset` and `Problems` events.
+//! The watcher: runs the [`Scanner`] every poll interval and turns what it finds into `Reset`
+//! and `Problems` events.
 //!
 //! Polling (stat every path each interval) is used instead of inotify because it behaves the same
 //! on Kubernetes ConfigMap mounts (whose files change by a symlink swap), network file systems and
-//! every OS, and costs one `stat` per file per interval. A file is re-read only when its
-//! (mtime, size, inode) changed, or when it changed so recently that a second write within the
-//! same mtime tick could have gone unnoticed (see [`RACY_WINDOW`]).
+//! every OS, and costs one `stat` per file per interval.
 //!
 //! Each scan that changed anything produces the complete set of services as one `Reset`; the core
 //! diffs it against what it serves, so the watcher does not need to compute upserts/removals.
 //! Files are atomic: a file with any bad document keeps serving its last good services and is
 //! reported under its path in a `Problems` event until it is fixed or deleted.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::collections::{BTreeMap, BTreeSet};
 
 use futures::stream::BoxStream;
-use mcp_core::model::{Service, ServiceKey};
+use mcp_core::model::Service;
 use mcp_core::registry::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent};
+use mcp_core::vip::VipCidr;
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, FileConfig};
-use crate::convert::{self, ConvertError, Format};
+use crate::scanner::{Limits, Scanner};
 
-/// Files whose mtime is younger than this when read are read again on the next poll even if
-/// their stamp did not change: file systems with coarse mtimes can hide a second same-size write.
-const RACY_WINDOW: Duration = Duration::from_secs(2);
-
-/// Symlinked directories could form loops; nobody nests configuration deeper than this.
-const MAX_DEPTH: usize = 16;
-
-/// Extensions picked up inside directories (a path named explicitly is read whatever its name).
-const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
-
-/// Why one file could not be used this time; reported as a problem, never fatal.
-#[derive(Debug, thiserror::Error)]
-pub enum FileError {
-    /// The file exists but could not be read.
-    #[error("file {path}: cannot read: {source}")]
-    Read {
-        /// The file, as configured.
-        path: String,
-        /// The I/O error.
-        source: io::Error,
-    },
-    /// The file was read but one of its documents is invalid.
-    #[error(transparent)]
-    Convert(#[from] ConvertError),
-}
+/// Scope of the problem reported while a whole scan is blocked (in `stat` or a directory
+/// listing, which cannot be given a timeout the way file reads are).
+const SCAN_SCOPE: &str = "scan";
 
 /// Serves the services defined in files and directories.
 #[derive(Clone, Debug)]
@@ -72,326 +46,111 @@ impl Registry for FileRegistry {
     /// operator sets `--host-suffix`.
     const DEFAULT_HOST_SUFFIX: &'static str = "";
     const DEFAULT_NAMESPACE: &'static str = "default";
+    const DEFAULT_VIP_CIDR: VipCidr = VipCidr::range(242, 1, 0, 0, 16);
 
     fn watch(&self) -> BoxStream<'static, Result<RegistryEvent, RegistryError>> {
-        let paths = self.config.paths.clone();
-        let interval = self.config.poll_interval;
-        channel_stream(move |tx| watch_loop(tx, paths, interval))
+        let config = self.config.clone();
+        channel_stream(move |tx| watch_loop(tx, config))
     }
 }
 
 /// Scans, sends what changed, sleeps; forever (until the core drops the stream).
-async fn watch_loop(
-    tx: EventSender,
-    paths: Vec<PathBuf>,
-    interval: Duration,
-) -> Result<(), RegistryError> {
-    let mut scanner = Scanner::new(paths);
+async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryError> {
+    let limits = Limits {
+        read_timeout: config.read_timeout,
+        max_file_size: config.max_file_size,
+        settle: config.settle_time,
+    };
+    // Reads time out on their own; this only catches a scan blocked in stat or readdir.
+    let scan_patience = config.read_timeout.saturating_mul(2);
+    let mut scanner = Scanner::new(config.paths, limits);
     let mut sent_services: Option<Vec<Service>> = None;
     let mut sent_problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
     loop {
         // File I/O blocks; keep it off the async worker threads.
-        let (returned, dirty) = tokio::task::spawn_blocking(move || {
+        let mut task = tokio::task::spawn_blocking(move || {
             let dirty = scanner.scan();
             (scanner, dirty)
-        })
-        .await
-        .map_err(|e| RegistryError::Unavailable(format!("file scan task failed: {e}")))?;
+        });
+        let mut blocked = false;
+        let (returned, dirty) = loop {
+            match tokio::time::timeout(scan_patience, &mut task).await {
+                Ok(joined) => {
+                    break joined.map_err(|e| {
+                        RegistryError::Unavailable(format!("file scan task failed: {e}"))
+                    })?
+                }
+                Err(_) if !blocked => {
+                    blocked = true;
+                    warn!(
+                        waited_ms = scan_patience.as_millis(),
+                        "File scan is blocked in stat or a directory listing; serving the last good content."
+                    );
+                    let problem = format!(
+                        "the scan of the configured paths has not finished after {}s: stat or a \
+                         directory listing is blocked; serving the last good content",
+                        scan_patience.as_secs_f64()
+                    );
+                    sent_problems.insert(SCAN_SCOPE.to_owned(), vec![problem.clone()]);
+                    tx.send(RegistryEvent::Problems {
+                        scope: SCAN_SCOPE.to_owned(),
+                        problems: vec![problem],
+                    })
+                    .await?;
+                }
+                Err(_) => {}
+            }
+        };
         scanner = returned;
 
-        if dirty || sent_services.is_none() {
+        if dirty || blocked || sent_services.is_none() {
             let (services, problems) = scanner.snapshot();
             if sent_services.as_ref() != Some(&services) {
                 debug!(services = services.len(), "Sending full set.");
                 tx.send(RegistryEvent::Reset(services.clone())).await?;
                 sent_services = Some(services);
             }
-            let scopes: Vec<String> = sent_problems
-                .keys()
-                .chain(problems.keys())
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            for scope in scopes {
-                let now = problems.get(&scope).cloned().unwrap_or_default();
-                if sent_problems.get(&scope).map_or(&[][..], Vec::as_slice) != now.as_slice() {
-                    if now.is_empty() {
-                        info!(scope = %scope, "Problems cleared.");
-                    }
-                    tx.send(RegistryEvent::Problems {
-                        scope,
-                        problems: now,
-                    })
-                    .await?;
-                }
-            }
+            send_problems(&tx, &sent_problems, &problems).await?;
             sent_problems = problems;
         }
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(config.poll_interval).await;
     }
 }
 
-/// What identifies one version of a file without reading it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
-    mtime: Option<SystemTime>,
-    size: u64,
-    inode: u64,
-}
-
-impl Stamp {
-    fn of(meta: &fs::Metadata) -> Self {
-        #[cfg(unix)]
-        let inode = std::os::unix::fs::MetadataExt::ino(meta);
-        #[cfg(not(unix))]
-        let inode = 0;
-        Self {
-            mtime: meta.modified().ok(),
-            size: meta.len(),
-            inode,
+/// Sends a `Problems` event for every scope whose problems differ from what was sent.
+async fn send_problems(
+    tx: &EventSender,
+    sent: &BTreeMap<String, Vec<String>>,
+    now: &BTreeMap<String, Vec<String>>,
+) -> Result<(), RegistryError> {
+    let scopes: BTreeSet<&String> = sent.keys().chain(now.keys()).collect();
+    for scope in scopes {
+        let problems = now.get(scope).cloned().unwrap_or_default();
+        if sent.get(scope).map_or(&[][..], Vec::as_slice) != problems.as_slice() {
+            if problems.is_empty() {
+                info!(scope = %scope, "Problems cleared.");
+            }
+            tx.send(RegistryEvent::Problems {
+                scope: scope.clone(),
+                problems,
+            })
+            .await?;
         }
     }
-}
-
-/// Per-file state kept between polls.
-#[derive(Debug)]
-struct FileState {
-    /// Stamp of the version last read; `None` if it could not be stat'ed.
-    stamp: Option<Stamp>,
-    /// Read again next poll even if the stamp is unchanged.
-    racy: bool,
-    /// Services of the last version that converted without error.
-    good: Vec<Service>,
-    /// Why the current version is not used, if it is not.
-    error: Option<String>,
-}
-
-/// The polling state machine; synchronous so that it can be tested without a runtime and run
-/// on a blocking thread.
-#[derive(Debug)]
-struct Scanner {
-    roots: Vec<PathBuf>,
-    /// Files found in the last scan, in precedence order (configured order, then sorted).
-    order: Vec<PathBuf>,
-    files: HashMap<PathBuf, FileState>,
-    /// Problems with configured paths and directories themselves (missing, unreadable).
-    path_problems: BTreeMap<String, Vec<String>>,
-}
-
-impl Scanner {
-    fn new(roots: Vec<PathBuf>) -> Self {
-        Self {
-            roots,
-            order: Vec::new(),
-            files: HashMap::new(),
-            path_problems: BTreeMap::new(),
-        }
-    }
-
-    /// Stats every path and re-reads what changed. Returns whether anything that could change
-    /// the snapshot changed.
-    fn scan(&mut self) -> bool {
-        let mut order = Vec::new();
-        let mut path_problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for root in &self.roots {
-            match fs::metadata(root) {
-                Ok(meta) if meta.is_dir() => {
-                    let mut found = Vec::new();
-                    collect_dir(root, 0, &mut found, &mut path_problems);
-                    found.sort();
-                    order.extend(found);
-                }
-                Ok(_) => order.push(root.clone()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    path_problems.entry(scope(root)).or_default().push(format!(
-                        "path {} does not exist; it is served once it appears",
-                        root.display()
-                    ));
-                }
-                Err(e) => {
-                    path_problems
-                        .entry(scope(root))
-                        .or_default()
-                        .push(format!("path {}: cannot stat: {e}", root.display()));
-                }
-            }
-        }
-        // A file reachable through two configured paths counts once, at its first place.
-        let mut seen = HashSet::new();
-        order.retain(|p| seen.insert(p.clone()));
-
-        let mut dirty = order != self.order || path_problems != self.path_problems;
-        let before = self.files.len();
-        self.files.retain(|path, _| {
-            let keep = seen.contains(path);
-            if !keep {
-                info!(file = %path.display(), "File removed; dropping its services.");
-            }
-            keep
-        });
-        dirty |= self.files.len() != before;
-        for path in &order {
-            dirty |= self.refresh(path);
-        }
-        self.order = order;
-        self.path_problems = path_problems;
-        dirty
-    }
-
-    /// Re-reads one file if its stamp changed. Returns whether its services or error changed.
-    fn refresh(&mut self, path: &Path) -> bool {
-        let stamp = match fs::metadata(path) {
-            Ok(meta) => Some(Stamp::of(&meta)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // Vanished between listing and stat: gone for real on the next scan.
-                return false;
-            }
-            Err(_) => None,
-        };
-        if let Some(state) = self.files.get(path) {
-            if stamp.is_some() && state.stamp == stamp && !state.racy {
-                return false;
-            }
-        }
-        let read_at = SystemTime::now();
-        let result = read_file(path);
-        let state = self
-            .files
-            .entry(path.to_path_buf())
-            .or_insert_with(|| FileState {
-                stamp: None,
-                racy: false,
-                good: Vec::new(),
-                error: None,
-            });
-        state.stamp = stamp;
-        state.racy = stamp.and_then(|s| s.mtime).is_none_or(|mtime| {
-            read_at
-                .duration_since(mtime)
-                .map_or(true, |age| age < RACY_WINDOW)
-        });
-        match result {
-            Ok(services) => {
-                if state.error.is_some() {
-                    info!(file = %path.display(), services = services.len(), "File is good again.");
-                }
-                let changed = state.error.is_some() || state.good != services;
-                if changed {
-                    debug!(file = %path.display(), services = services.len(), "File read.");
-                }
-                state.good = services;
-                state.error = None;
-                changed
-            }
-            Err(e) => {
-                let message = e.to_string();
-                let changed = state.error.as_deref() != Some(message.as_str());
-                if changed {
-                    warn!(
-                        file = %path.display(),
-                        error = %e,
-                        kept_services = state.good.len(),
-                        "Skipping bad file; serving its last good services."
-                    );
-                }
-                state.error = Some(message);
-                changed
-            }
-        }
-    }
-
-    /// The services to serve (first definition of each key wins) and the problems per scope.
-    fn snapshot(&self) -> (Vec<Service>, BTreeMap<String, Vec<String>>) {
-        let mut problems = self.path_problems.clone();
-        let mut services = Vec::new();
-        let mut winners: HashMap<&ServiceKey, &str> = HashMap::new();
-        for path in &self.order {
-            let Some(state) = self.files.get(path) else {
-                continue;
-            };
-            if let Some(error) = &state.error {
-                problems.entry(scope(path)).or_default().push(error.clone());
-            }
-            for service in &state.good {
-                if let Some(winner) = winners.get(&service.key) {
-                    let message = format!(
-                        "{}: ignored, {} is already defined by {}",
-                        service.origin, service.key, winner
-                    );
-                    warn!(file = %path.display(), key = %service.key, first = %winner, "Duplicate service ignored.");
-                    problems.entry(scope(path)).or_default().push(message);
-                } else {
-                    winners.insert(&service.key, &service.origin);
-                    services.push(service.clone());
-                }
-            }
-        }
-        (services, problems)
-    }
-}
-
-/// How a path is named in `Problems` scopes and messages: as configured (or joined below a
-/// configured directory), so operators recognise it.
-fn scope(path: &Path) -> String {
-    path.display().to_string()
-}
-
-fn read_file(path: &Path) -> Result<Vec<Service>, FileError> {
-    let name = scope(path);
-    let text = fs::read_to_string(path).map_err(|source| FileError::Read {
-        path: name.clone(),
-        source,
-    })?;
-    Ok(convert::parse(&name, &text, Format::for_path(path))?)
-}
-
-/// Collects the configuration files below `dir` (unsorted), skipping hidden entries.
-fn collect_dir(
-    dir: &Path,
-    depth: usize,
-    found: &mut Vec<PathBuf>,
-    problems: &mut BTreeMap<String, Vec<String>>,
-) {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) => {
-            problems
-                .entry(scope(dir))
-                .or_default()
-                .push(format!("directory {}: cannot list: {e}", dir.display()));
-            return;
-        }
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if name.to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let path = entry.path();
-        // Follows symlinks: ConfigMap files are symlinks into `..data`.
-        let Ok(meta) = fs::metadata(&path) else {
-            continue;
-        };
-        if meta.is_dir() {
-            if depth < MAX_DEPTH {
-                collect_dir(&path, depth + 1, found, problems);
-            }
-        } else if path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
-        {
-            found.push(path);
-        }
-    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
     use futures::StreamExt;
     use mcp_core::model::Host;
+
+    use crate::walk::scope;
 
     const POLL: Duration = Duration::from_millis(50);
     const WAIT: Duration = Duration::from_secs(10);
@@ -419,8 +178,9 @@ mod tests {
 
     fn watch(paths: Vec<PathBuf>) -> Events {
         FileRegistry::new(FileConfig {
-            paths,
             poll_interval: POLL,
+            settle_time: Duration::from_millis(200),
+            ..FileConfig::new(paths)
         })
         .expect("valid config")
         .watch()
@@ -648,56 +408,5 @@ mod tests {
             vec![Host::Absolute("a.example.com".into())]
         );
         assert!(next_problems(&mut events, &a).await.is_empty());
-    }
-
-    #[test]
-    fn only_changed_stamps_are_reread() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let a = dir.path().join("a.yaml");
-        let set_mtime = |t: SystemTime| {
-            fs::File::options()
-                .write(true)
-                .open(&a)
-                .and_then(|f| f.set_modified(t))
-                .expect("set mtime");
-        };
-        let old = SystemTime::now() - Duration::from_secs(60);
-        write(&a, &se("web", "web.example.com", 80));
-        let mut scanner = Scanner::new(vec![a.clone()]);
-        assert!(scanner.scan());
-        // New mtime, same content: re-read, but nothing changed.
-        set_mtime(old);
-        assert!(!scanner.scan());
-
-        // Same size, same inode, mtime put back: the stamp is unchanged, so the file is not
-        // re-read (the price of polling with stat only).
-        write(&a, &se("web", "web.example.com", 81));
-        set_mtime(old);
-        assert!(!scanner.scan());
-        assert_eq!(scanner.snapshot().0[0].ports[0].number, 80);
-
-        // Any stamp change makes it re-read.
-        set_mtime(old + Duration::from_secs(1));
-        assert!(scanner.scan());
-        assert_eq!(scanner.snapshot().0[0].ports[0].number, 81);
-    }
-
-    #[test]
-    fn recently_modified_files_are_reread_once_more() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let a = dir.path().join("a.yaml");
-        write(&a, &se("web", "web.example.com", 80));
-        let mut scanner = Scanner::new(vec![a.clone()]);
-        assert!(scanner.scan());
-        // A same-size rewrite within the same mtime tick: caught because the file was young.
-        let mtime = fs::metadata(&a).and_then(|m| m.modified()).expect("mtime");
-        write(&a, &se("web", "web.example.com", 81));
-        fs::File::options()
-            .write(true)
-            .open(&a)
-            .and_then(|f| f.set_modified(mtime))
-            .expect("set mtime");
-        assert!(scanner.scan());
-        assert_eq!(scanner.snapshot().0[0].ports[0].number, 81);
     }
 }

@@ -226,3 +226,177 @@ fn sigterm_shuts_down_gracefully_with_a_sink_connected() {
     let _ = watch.kill();
     let _ = watch.wait();
 }
+
+/// Starts the adapter on several paths with the same flags as [`start`].
+fn start_paths(paths: &[&std::path::Path]) -> Adapter {
+    let mut args = Vec::new();
+    for p in paths {
+        args.push("--path".to_owned());
+        args.push(p.to_string_lossy().to_string());
+    }
+    args.extend(["--poll-interval".to_owned(), "50ms".to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let a = Adapter::start("adapter-file", &args);
+    a.wait_ready();
+    a
+}
+
+/// Names of the resources /debug/resources says are served (`ns/name`).
+fn served(adapter: &Adapter) -> Vec<String> {
+    adapter.debug()["resources"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter_map(|e| e["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The problems /debug/resources reports, as one string to search.
+fn problems(adapter: &Adapter) -> String {
+    adapter.debug()["problems"].to_string()
+}
+
+/// Edits `a.yaml` to a new endpoint and waits (bounded) until a sink sees it.
+fn assert_edit_served(adapter: &Adapter, dir: &std::path::Path, ip: &str) {
+    let xds = format!("xds://{}", adapter.grpc);
+    std::fs::write(dir.join("a.yaml"), se("a", ip)).expect("edit");
+    wait_for(Duration::from_secs(10), "edit of a.yaml served", || {
+        let items = get(&xds);
+        let a = e2e::find(&items, "a")?;
+        (a["spec"]["endpoints"][0]["address"] == ip).then_some(())
+    });
+}
+
+#[test]
+fn a_named_pipe_in_a_watched_directory_does_not_block_reloads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.yaml"), se("a", "10.0.0.1")).expect("write");
+    let adapter = start(dir.path());
+    let pipe = dir.path().join("pipe.yaml");
+    let status = Command::new("mkfifo").arg(&pipe).status().expect("mkfifo");
+    assert!(status.success());
+
+    // The pipe is named as a problem and counted; the other file's edits keep being served.
+    let p = wait_for(Duration::from_secs(10), "pipe reported", || {
+        let p = problems(&adapter);
+        p.contains("pipe.yaml").then_some(p)
+    });
+    assert!(p.contains("not a regular file: named pipe"), "{p}");
+    assert!(adapter
+        .get("/metrics")
+        .1
+        .contains("mcp_adapter_registry_problems{registry=\"file\"} 1"));
+    assert_edit_served(&adapter, dir.path(), "10.0.0.2");
+    assert_edit_served(&adapter, dir.path(), "10.0.0.3");
+
+    // Removing the pipe clears the problem; reloads go on.
+    std::fs::remove_file(&pipe).expect("rm pipe");
+    wait_for(Duration::from_secs(10), "pipe problem cleared", || {
+        (!problems(&adapter).contains("pipe.yaml")).then_some(())
+    });
+    assert_edit_served(&adapter, dir.path(), "10.0.0.4");
+}
+
+#[test]
+fn a_symlink_to_a_device_is_refused_and_reloads_go_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.yaml"), se("a", "10.0.0.1")).expect("write");
+    let adapter = start(dir.path());
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.yaml")).expect("symlink");
+
+    let p = wait_for(Duration::from_secs(10), "device reported", || {
+        let p = problems(&adapter);
+        p.contains("zero.yaml").then_some(p)
+    });
+    assert!(p.contains("not a regular file: character device"), "{p}");
+    assert_edit_served(&adapter, dir.path(), "10.0.0.2");
+    assert_eq!(served(&adapter), vec!["ns/a"]);
+}
+
+#[test]
+fn paths_that_cannot_be_listed_or_stated_keep_their_last_good_content() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("conf");
+    std::fs::create_dir_all(conf.join("sub")).expect("mkdir");
+    std::fs::write(conf.join("a.yaml"), se("a", "10.0.0.1")).expect("write");
+    std::fs::write(conf.join("sub/s.yaml"), se("s", "10.0.0.2")).expect("write");
+    let other = dir.path().join("other");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    std::fs::write(other.join("f.yaml"), se("f", "10.0.0.3")).expect("write");
+    let adapter = start_paths(&[&conf, &other.join("f.yaml")]);
+    let xds = format!("xds://{}", adapter.grpc);
+    assert_eq!(names(&get(&xds)), vec!["ns/a", "ns/f", "ns/s"]);
+
+    // A subdirectory replaced by a dangling symlink (a half-done swap), and a configured file
+    // whose parent directory became a regular file: both cannot be stat'ed, neither is a deletion.
+    std::fs::rename(conf.join("sub"), conf.join(".sub-old")).expect("mv");
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), conf.join("sub")).expect("symlink");
+    std::fs::remove_dir_all(&other).expect("rm other");
+    std::fs::write(&other, "a file now").expect("write");
+
+    let p = wait_for(Duration::from_secs(10), "both reported", || {
+        let p = problems(&adapter);
+        (p.contains("conf/sub: cannot stat") && p.contains("f.yaml: cannot stat")).then_some(p)
+    });
+    assert!(p.contains("dangling symlink"), "{p}");
+    assert!(p.contains("No such file or directory"), "{p}");
+    assert!(p.contains("Not a directory"), "{p}");
+    // Other files keep reloading, and the unreadable ones keep their services meanwhile.
+    assert_edit_served(&adapter, &conf, "10.0.0.9");
+    assert_eq!(names(&get(&xds)), vec!["ns/a", "ns/f", "ns/s"]);
+
+    // Repaired: problems clear and the content is read again.
+    std::fs::remove_file(conf.join("sub")).expect("rm link");
+    std::fs::rename(conf.join(".sub-old"), conf.join("sub")).expect("mv back");
+    std::fs::write(conf.join("sub/s.yaml"), se("s", "10.0.0.7")).expect("edit");
+    std::fs::remove_file(&other).expect("rm file");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    std::fs::write(other.join("f.yaml"), se("f2", "10.0.0.8")).expect("write");
+    wait_for(Duration::from_secs(10), "repaired", || {
+        let items = get(&xds);
+        let s = e2e::find(&items, "s")?;
+        (names(&items) == vec!["ns/a", "ns/f2", "ns/s"]
+            && s["spec"]["endpoints"][0]["address"] == "10.0.0.7")
+            .then_some(())
+    });
+    wait_for(Duration::from_secs(10), "problems cleared", || {
+        (problems(&adapter) == "{}").then_some(())
+    });
+}
+
+#[test]
+fn an_emptied_file_is_applied_only_once_it_stays_empty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.yaml"), se("a", "10.0.0.1")).expect("write");
+    std::fs::write(dir.path().join("b.yaml"), se("b", "10.0.0.2")).expect("write");
+    let adapter = start(dir.path());
+    assert_eq!(served(&adapter), vec!["ns/a", "ns/b"]);
+
+    // An editor or `kubectl cp` truncates a.yaml before writing it. A new file written after the
+    // truncation shows when a poll has seen it: a must still be served then.
+    std::fs::write(dir.path().join("a.yaml"), "").expect("truncate");
+    std::fs::write(dir.path().join("c.yaml"), se("c", "10.0.0.3")).expect("write");
+    let seen = wait_for(Duration::from_secs(10), "c.yaml served", || {
+        let s = served(&adapter);
+        s.contains(&"ns/c".to_owned()).then_some(s)
+    });
+    assert_eq!(seen, vec!["ns/a", "ns/b", "ns/c"]);
+
+    // The write completes: a never disappeared, and its new content is served.
+    assert_edit_served(&adapter, dir.path(), "10.0.0.5");
+
+    // An empty file that stays empty is meant: applied after the settle time.
+    std::fs::write(dir.path().join("a.yaml"), "").expect("empty");
+    wait_for(Duration::from_secs(10), "emptied a.yaml applied", || {
+        (served(&adapter) == vec!["ns/b", "ns/c"]).then_some(())
+    });
+    // Deleting a file is applied too.
+    std::fs::remove_file(dir.path().join("b.yaml")).expect("rm");
+    wait_for(Duration::from_secs(10), "deletion applied", || {
+        (served(&adapter) == vec!["ns/c"]).then_some(())
+    });
+    let xds = format!("xds://{}", adapter.grpc);
+    assert_eq!(names(&get(&xds)), vec!["ns/c"]);
+}

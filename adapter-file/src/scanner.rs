@@ -1,0 +1,576 @@
+//! The polling state machine: which files exist, which changed, what each one serves.
+//!
+//! Synchronous so that it can be tested without a runtime and run on a blocking thread. Every
+//! scan lists the configured paths ([`crate::walk`]), stats every file and re-reads those whose
+//! (mtime, size, inode) changed, or that changed so recently that a second write within the
+//! same mtime tick could have gone unnoticed (see [`RACY_WINDOW`]).
+//!
+//! What a file serves only ever changes to a version that converted without error. On top of
+//! that, a version that would take services away (an empty file, fewer documents) or that no
+//! longer parses is applied only once the same content has been read again `settle` later:
+//! editors and `kubectl cp` truncate a file before they write it, and for one poll it would
+//! otherwise look as if its services were deleted.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use mcp_core::model::{Service, ServiceKey};
+use tracing::{debug, info, warn};
+
+use crate::convert::{self, ConvertError, Format};
+use crate::read::{ReadError, Reader};
+use crate::walk::{self, scope, StatFailure};
+
+/// Files whose mtime is younger than this when read are read again on the next poll even if
+/// their stamp did not change: file systems with coarse mtimes can hide a second same-size write.
+const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+/// Why one file could not be used this time; reported as a problem, never fatal.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The file is listed but cannot be stat'ed (a dangling symlink, `EACCES`, `EIO`).
+    #[error("file {path}: cannot stat: {message}")]
+    Stat {
+        /// The file, as configured.
+        path: String,
+        /// The OS error, and what the path is if that explains it.
+        message: String,
+    },
+    /// The file could not be read: not a regular file, too large, stuck, or an I/O error.
+    #[error("file {path}: {source}")]
+    Read {
+        /// The file, as configured.
+        path: String,
+        /// What went wrong.
+        source: ReadError,
+    },
+    /// The file was read but one of its documents is invalid.
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+}
+
+/// How long reads may take and how large files may be, and how long a removal must settle.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// `--read-timeout`.
+    pub read_timeout: Duration,
+    /// `--max-file-size`.
+    pub max_file_size: u64,
+    /// `--settle-time`.
+    pub settle: Duration,
+}
+
+/// What identifies one version of a file without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    mtime: Option<SystemTime>,
+    size: u64,
+    inode: u64,
+}
+
+impl Stamp {
+    fn of(meta: &fs::Metadata) -> Self {
+        #[cfg(unix)]
+        let inode = std::os::unix::fs::MetadataExt::ino(meta);
+        #[cfg(not(unix))]
+        let inode = 0;
+        Self {
+            mtime: meta.modified().ok(),
+            size: meta.len(),
+            inode,
+        }
+    }
+}
+
+/// A version read but not applied yet because it would remove services or does not parse.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    /// Hash of its text: the same hash on a later read means the write is over.
+    digest: u64,
+    /// When it was first read.
+    first_read: Instant,
+}
+
+/// Per-file state kept between polls.
+#[derive(Debug, Default)]
+struct FileState {
+    /// Stamp of the version last read; `None` if it could not be stat'ed.
+    stamp: Option<Stamp>,
+    /// Read again next poll even if the stamp is unchanged.
+    racy: bool,
+    /// Services of the last version that converted without error.
+    good: Vec<Service>,
+    /// Why the current version is not used, if it is not.
+    error: Option<String>,
+    /// A version waiting to settle (read again every poll until it is applied or replaced).
+    candidate: Option<Candidate>,
+}
+
+impl FileState {
+    /// Records an error for this file (its last good services stay). Whether it is new.
+    fn fail(&mut self, path: &Path, error: &FileError) -> bool {
+        let message = error.to_string();
+        let changed = self.error.as_deref() != Some(message.as_str());
+        if changed {
+            warn!(
+                file = %path.display(),
+                error = %error,
+                kept_services = self.good.len(),
+                "Skipping bad file; serving its last good services."
+            );
+        }
+        self.error = Some(message);
+        changed
+    }
+
+    /// Serves `services` from now on. Whether anything changed.
+    fn apply(&mut self, path: &Path, services: Vec<Service>) -> bool {
+        if self.error.is_some() {
+            info!(file = %path.display(), services = services.len(), "File is good again.");
+        }
+        let changed = self.error.is_some() || self.good != services;
+        if changed {
+            debug!(file = %path.display(), services = services.len(), "File read.");
+        }
+        self.good = services;
+        self.error = None;
+        changed
+    }
+}
+
+/// Polls the configured paths; see the module documentation.
+#[derive(Debug)]
+pub struct Scanner {
+    roots: Vec<PathBuf>,
+    reader: Reader,
+    settle: Duration,
+    /// Files found in the last scan, in precedence order (configured order, then sorted).
+    order: Vec<PathBuf>,
+    files: HashMap<PathBuf, FileState>,
+    /// Problems with configured paths and directories themselves (missing, unreadable).
+    path_problems: BTreeMap<String, Vec<String>>,
+}
+
+impl Scanner {
+    /// A scanner of `roots` that has not looked at anything yet.
+    pub fn new(roots: Vec<PathBuf>, limits: Limits) -> Self {
+        Self::with_reader(
+            roots,
+            Reader::new(limits.read_timeout, limits.max_file_size),
+            limits.settle,
+        )
+    }
+
+    /// [`Scanner::new`] with a given reader (tests substitute one that blocks).
+    pub fn with_reader(roots: Vec<PathBuf>, reader: Reader, settle: Duration) -> Self {
+        Self {
+            roots,
+            reader,
+            settle,
+            order: Vec::new(),
+            files: HashMap::new(),
+            path_problems: BTreeMap::new(),
+        }
+    }
+
+    /// Stats every path and re-reads what changed. Returns whether anything that could change
+    /// the snapshot changed.
+    pub fn scan(&mut self) -> bool {
+        let listing = walk::list(&self.roots, &self.order);
+        let seen: HashSet<&PathBuf> = listing.files.iter().collect();
+
+        let mut dirty = listing.files != self.order || listing.problems != self.path_problems;
+        let before = self.files.len();
+        self.files.retain(|path, _| {
+            let keep = seen.contains(path);
+            if !keep {
+                info!(file = %path.display(), "File removed; dropping its services.");
+            }
+            keep
+        });
+        dirty |= self.files.len() != before;
+        for path in &listing.files {
+            // Below a path that cannot be listed: keep the file as it was, do not touch it.
+            if !listing.held.contains(path) {
+                dirty |= self.refresh(path);
+            }
+        }
+        self.order = listing.files;
+        self.path_problems = listing.problems;
+        dirty
+    }
+
+    /// Re-reads one file if it may have changed. Returns whether its services or error changed.
+    fn refresh(&mut self, path: &Path) -> bool {
+        let meta = match fs::metadata(path) {
+            Ok(meta) => meta,
+            Err(e) => {
+                return match walk::classify(path, &e) {
+                    // Vanished between listing and stat: gone for real on the next scan.
+                    StatFailure::Gone => false,
+                    StatFailure::Broken(message) => {
+                        let error = FileError::Stat {
+                            path: scope(path),
+                            message,
+                        };
+                        let state = self.files.entry(path.to_path_buf()).or_default();
+                        state.stamp = None;
+                        state.fail(path, &error)
+                    }
+                };
+            }
+        };
+        let stamp = Stamp::of(&meta);
+        if let Some(state) = self.files.get(path) {
+            let unchanged = state.stamp == Some(stamp) && !state.racy;
+            if unchanged && state.candidate.is_none() && !self.reader.is_stuck(path) {
+                return false;
+            }
+        }
+        let read_at = SystemTime::now();
+        let result = self.reader.read(path, &meta);
+        let settle = self.settle;
+        let state = self.files.entry(path.to_path_buf()).or_default();
+        state.stamp = Some(stamp);
+        state.racy = stamp.mtime.is_none_or(|mtime| {
+            read_at
+                .duration_since(mtime)
+                .map_or(true, |age| age < RACY_WINDOW)
+        });
+        let text = match result {
+            Ok(text) => text,
+            Err(source) => {
+                // Not content: nothing to settle. The last good services stay.
+                state.candidate = None;
+                let error = FileError::Read {
+                    path: scope(path),
+                    source,
+                };
+                return state.fail(path, &error);
+            }
+        };
+        let parsed = convert::parse(&scope(path), &text, Format::for_path(path));
+        let takes_away = match &parsed {
+            Ok(services) => removes_any(&state.good, services),
+            Err(_) => !state.good.is_empty(),
+        };
+        if takes_away && !settle.is_zero() {
+            let digest = digest(&text);
+            let now = Instant::now();
+            match state.candidate {
+                Some(c) if c.digest == digest && now.duration_since(c.first_read) >= settle => {
+                    debug!(file = %path.display(), "Removal settled; applying it.");
+                }
+                Some(c) if c.digest == digest => return false,
+                _ => {
+                    debug!(
+                        file = %path.display(),
+                        settle_ms = settle.as_millis(),
+                        "New version would remove services; waiting for it to settle."
+                    );
+                    state.candidate = Some(Candidate {
+                        digest,
+                        first_read: now,
+                    });
+                    return false;
+                }
+            }
+        }
+        state.candidate = None;
+        match parsed {
+            Ok(services) => state.apply(path, services),
+            Err(e) => state.fail(path, &FileError::Convert(e)),
+        }
+    }
+
+    /// The services to serve (first definition of each key wins) and the problems per scope.
+    pub fn snapshot(&self) -> (Vec<Service>, BTreeMap<String, Vec<String>>) {
+        let mut problems = self.path_problems.clone();
+        let mut services = Vec::new();
+        let mut winners: HashMap<&ServiceKey, &str> = HashMap::new();
+        for path in &self.order {
+            let Some(state) = self.files.get(path) else {
+                continue;
+            };
+            if let Some(error) = &state.error {
+                problems.entry(scope(path)).or_default().push(error.clone());
+            }
+            for service in &state.good {
+                if let Some(winner) = winners.get(&service.key) {
+                    let message = format!(
+                        "{}: ignored, {} is already defined by {}",
+                        service.origin, service.key, winner
+                    );
+                    warn!(file = %path.display(), key = %service.key, first = %winner, "Duplicate service ignored.");
+                    problems.entry(scope(path)).or_default().push(message);
+                } else {
+                    winners.insert(&service.key, &service.origin);
+                    services.push(service.clone());
+                }
+            }
+        }
+        (services, problems)
+    }
+}
+
+/// Whether `new` lacks a service that `old` has.
+fn removes_any(old: &[Service], new: &[Service]) -> bool {
+    let kept: HashSet<&ServiceKey> = new.iter().map(|s| &s.key).collect();
+    old.iter().any(|s| !kept.contains(&s.key))
+}
+
+fn digest(text: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    text.hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        read_timeout: Duration::from_secs(5),
+        max_file_size: 1024 * 1024,
+        settle: Duration::ZERO,
+    };
+
+    fn se(name: &str, port: u32) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}}}\n\
+             spec:\n  hosts: [{name}.example.com]\n  ports: [{{number: {port}, name: http}}]\n"
+        )
+    }
+
+    fn write(path: &Path, text: &str) {
+        fs::write(path, text).expect("write test file");
+    }
+
+    fn names(scanner: &Scanner) -> Vec<String> {
+        scanner
+            .snapshot()
+            .0
+            .iter()
+            .map(|s| s.key.to_string())
+            .collect()
+    }
+
+    fn problems(scanner: &Scanner) -> String {
+        format!("{:?}", scanner.snapshot().1)
+    }
+
+    #[test]
+    fn only_changed_stamps_are_reread() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        let set_mtime = |t: SystemTime| {
+            fs::File::options()
+                .write(true)
+                .open(&a)
+                .and_then(|f| f.set_modified(t))
+                .expect("set mtime");
+        };
+        let old = SystemTime::now() - Duration::from_secs(60);
+        write(&a, &se("web", 80));
+        let mut scanner = Scanner::new(vec![a.clone()], LIMITS);
+        assert!(scanner.scan());
+        // New mtime, same content: re-read, but nothing changed.
+        set_mtime(old);
+        assert!(!scanner.scan());
+
+        // Same size, same inode, mtime put back: the stamp is unchanged, so the file is not
+        // re-read (the price of polling with stat only).
+        write(&a, &se("web", 81));
+        set_mtime(old);
+        assert!(!scanner.scan());
+        assert_eq!(scanner.snapshot().0[0].ports[0].number, 80);
+
+        // Any stamp change makes it re-read.
+        set_mtime(old + Duration::from_secs(1));
+        assert!(scanner.scan());
+        assert_eq!(scanner.snapshot().0[0].ports[0].number, 81);
+    }
+
+    #[test]
+    fn recently_modified_files_are_reread_once_more() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        write(&a, &se("web", 80));
+        let mut scanner = Scanner::new(vec![a.clone()], LIMITS);
+        assert!(scanner.scan());
+        // A same-size rewrite within the same mtime tick: caught because the file was young.
+        let mtime = fs::metadata(&a).and_then(|m| m.modified()).expect("mtime");
+        write(&a, &se("web", 81));
+        fs::File::options()
+            .write(true)
+            .open(&a)
+            .and_then(|f| f.set_modified(mtime))
+            .expect("set mtime");
+        assert!(scanner.scan());
+        assert_eq!(scanner.snapshot().0[0].ports[0].number, 81);
+    }
+
+    #[test]
+    fn special_files_are_problems_and_do_not_block_the_rest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        write(&a, &se("web", 80));
+        let status = std::process::Command::new("mkfifo")
+            .arg(dir.path().join("pipe.yaml"))
+            .status()
+            .expect("mkfifo");
+        assert!(status.success());
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.yaml")).expect("ln");
+        let mut scanner = Scanner::new(vec![dir.path().to_path_buf()], LIMITS);
+        assert!(scanner.scan());
+        assert_eq!(names(&scanner), vec!["web"]);
+        let p = problems(&scanner);
+        assert!(
+            p.contains("pipe.yaml: not a regular file: named pipe"),
+            "{p}"
+        );
+        assert!(
+            p.contains("zero.yaml: not a regular file: character device"),
+            "{p}"
+        );
+        write(&a, &se("web", 8080));
+        assert!(scanner.scan());
+        assert_eq!(scanner.snapshot().0[0].ports[0].number, 8080);
+    }
+
+    #[test]
+    fn a_file_that_becomes_a_pipe_keeps_its_services() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        write(&a, &se("web", 80));
+        let mut scanner = Scanner::new(vec![a.clone()], LIMITS);
+        assert!(scanner.scan());
+        fs::remove_file(&a).expect("rm");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&a)
+            .status()
+            .expect("mkfifo");
+        assert!(status.success());
+        assert!(scanner.scan());
+        assert_eq!(names(&scanner), vec!["web"]);
+        assert!(problems(&scanner).contains("named pipe"));
+    }
+
+    /// A read that never finishes within the test's timeout.
+    fn stuck_read(_: &Path, _: u64) -> Result<String, ReadError> {
+        std::thread::sleep(Duration::from_secs(30));
+        Ok(String::new())
+    }
+
+    #[test]
+    fn a_stuck_read_is_a_problem_and_keeps_the_last_good_content() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        write(&a, &se("web", 80));
+        let mut scanner = Scanner::new(vec![a.clone()], LIMITS);
+        assert!(scanner.scan());
+        // The same scanner state, now with reads that hang (a hung network mount).
+        scanner.reader = Reader::with_read_fn(Duration::from_millis(20), 1024, stuck_read);
+        write(&a, &se("web", 81));
+        assert!(scanner.scan());
+        assert_eq!(scanner.snapshot().0[0].ports[0].number, 80);
+        let p = problems(&scanner);
+        assert!(p.contains("a.yaml: read timed out after 0.02s"), "{p}");
+        // Still stuck: no change, answered without waiting again.
+        let start = Instant::now();
+        assert!(!scanner.scan());
+        assert!(start.elapsed() < Duration::from_millis(20));
+    }
+
+    #[test]
+    fn removals_and_parse_errors_wait_for_the_content_to_settle() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        write(&a, &format!("{}---\n{}", se("web", 80), se("api", 80)));
+        let settle = Duration::from_millis(200);
+        let mut scanner = Scanner::new(vec![a.clone()], Limits { settle, ..LIMITS });
+        assert!(scanner.scan());
+        assert_eq!(names(&scanner), vec!["web", "api"]);
+
+        // Truncated mid-write: neither applied nor reported at first.
+        write(&a, "");
+        assert!(!scanner.scan());
+        write(&a, "apiVersion: networking.istio.io/v1\nkind: ServiceEn");
+        assert!(!scanner.scan());
+        assert_eq!(problems(&scanner), "{}");
+        // The write completes; additions and edits apply at once.
+        write(&a, &format!("{}---\n{}", se("web", 81), se("api", 80)));
+        assert!(scanner.scan());
+        assert_eq!(scanner.snapshot().0[0].ports[0].number, 81);
+
+        // A document removed on purpose: applied once the same content is read after `settle`.
+        write(&a, &se("web", 81));
+        assert!(!scanner.scan());
+        assert_eq!(names(&scanner), vec!["web", "api"]);
+        std::thread::sleep(settle);
+        assert!(scanner.scan());
+        assert_eq!(names(&scanner), vec!["web"]);
+
+        // A broken version that stays: reported after `settle`, last good kept.
+        write(&a, "kind: [broken\n");
+        assert!(!scanner.scan());
+        std::thread::sleep(settle);
+        assert!(scanner.scan());
+        assert!(problems(&scanner).contains("YAML syntax error"));
+        assert_eq!(names(&scanner), vec!["web"]);
+
+        // Emptied on purpose: applied after `settle`; a deletion at once.
+        write(&a, "");
+        assert!(!scanner.scan());
+        std::thread::sleep(settle);
+        assert!(scanner.scan());
+        assert!(names(&scanner).is_empty());
+        assert_eq!(problems(&scanner), "{}");
+    }
+
+    #[test]
+    fn deletion_is_applied_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        write(&a, &se("web", 80));
+        let limits = Limits {
+            settle: Duration::from_secs(60),
+            ..LIMITS
+        };
+        let mut scanner = Scanner::new(vec![dir.path().to_path_buf()], limits);
+        assert!(scanner.scan());
+        fs::remove_file(&a).expect("rm");
+        assert!(scanner.scan());
+        assert!(names(&scanner).is_empty());
+    }
+
+    #[test]
+    fn unlistable_paths_keep_their_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conf = dir.path().join("conf");
+        fs::create_dir_all(conf.join("sub")).expect("mkdir");
+        write(&conf.join("sub/s.yaml"), &se("s", 80));
+        let link = dir.path().join("link.yaml");
+        let target = dir.path().join("target.yaml");
+        write(&target, &se("l", 80));
+        std::os::unix::fs::symlink(&target, &link).expect("ln");
+        let mut scanner = Scanner::new(vec![conf.clone(), link.clone()], LIMITS);
+        assert!(scanner.scan());
+        assert_eq!(names(&scanner), vec!["s", "l"]);
+
+        fs::rename(conf.join("sub"), conf.join(".old")).expect("mv");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), conf.join("sub")).expect("ln");
+        fs::remove_file(&target).expect("rm target");
+        assert!(scanner.scan());
+        assert_eq!(names(&scanner), vec!["s", "l"]);
+        let p = problems(&scanner);
+        assert!(p.contains("sub: cannot stat: dangling symlink"), "{p}");
+        assert!(
+            p.contains("link.yaml: cannot stat: dangling symlink"),
+            "{p}"
+        );
+    }
+}

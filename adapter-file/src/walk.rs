@@ -1,0 +1,268 @@
+//! Listing: which files the configured paths stand for in this scan.
+//!
+//! A path that is gone (`ENOENT` and no symlink left behind) is a deletion: its files are
+//! dropped. A path that exists but cannot be stat'ed or listed (a dangling symlink left by a
+//! half-done swap, a path component that became a regular file, `EACCES`, `EIO`) is not: the
+//! files previously found below it are *held* (kept with their last good content, not re-read)
+//! and the path is reported as a problem naming the OS error.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Symlinked directories could form loops; nobody nests configuration deeper than this.
+const MAX_DEPTH: usize = 16;
+
+/// Extensions picked up inside directories (a path named explicitly is read whatever its name).
+const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
+
+/// What one scan of the configured paths found.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Files in precedence order (configured order, directory contents sorted), each once.
+    pub files: Vec<PathBuf>,
+    /// Files below a path that could not be stat'ed or listed: keep their state as it is.
+    pub held: HashSet<PathBuf>,
+    /// Problems with configured paths and directories themselves, by scope.
+    pub problems: BTreeMap<String, Vec<String>>,
+}
+
+/// How a path is named in `Problems` scopes and messages: as configured (or joined below a
+/// configured directory), so operators recognise it.
+pub fn scope(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// A failed `stat`: the path is gone, or it is there but broken.
+pub enum StatFailure {
+    /// Nothing at the path any more: a deletion.
+    Gone,
+    /// Something is there that cannot be followed or read; the message says what.
+    Broken(String),
+}
+
+/// Tells a deletion from a path that is there but unusable: `ENOENT` from `stat` with a symlink
+/// still present (`lstat` works) is a dangling symlink, not a deletion.
+pub fn classify(path: &Path, error: &io::Error) -> StatFailure {
+    if error.kind() != io::ErrorKind::NotFound {
+        return StatFailure::Broken(error.to_string());
+    }
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            let target = fs::read_link(path)
+                .map(|t| t.display().to_string())
+                .unwrap_or_else(|_| "?".to_owned());
+            StatFailure::Broken(format!("dangling symlink to {target}: {error}"))
+        }
+        _ => StatFailure::Gone,
+    }
+}
+
+/// Lists `roots`. `previous` is the last scan's file list: what is held when a path breaks.
+pub fn list(roots: &[PathBuf], previous: &[PathBuf]) -> Listing {
+    let mut listing = Listing::default();
+    for root in roots {
+        match fs::metadata(root) {
+            Ok(meta) if meta.is_dir() => {
+                let mut found = Vec::new();
+                collect_dir(root, 0, previous, &mut found, &mut listing);
+                found.sort();
+                listing.files.extend(found);
+            }
+            Ok(_) => listing.files.push(root.clone()),
+            Err(e) => match classify(root, &e) {
+                StatFailure::Gone => listing.problem(
+                    root,
+                    format!(
+                        "path {} does not exist; it is served once it appears",
+                        root.display()
+                    ),
+                ),
+                StatFailure::Broken(message) => {
+                    let mut found = Vec::new();
+                    listing.hold(root, previous, &mut found);
+                    listing.problem(
+                        root,
+                        format!(
+                            "path {}: cannot stat: {message}; {}",
+                            root.display(),
+                            kept(found.len())
+                        ),
+                    );
+                    listing.files.extend(found);
+                }
+            },
+        }
+    }
+    // A file reachable through two configured paths counts once, at its first place.
+    let mut seen = HashSet::new();
+    listing.files.retain(|p| seen.insert(p.clone()));
+    listing
+}
+
+impl Listing {
+    fn problem(&mut self, path: &Path, message: String) {
+        self.problems.entry(scope(path)).or_default().push(message);
+    }
+
+    /// Keeps the files previously found at or below `path`, in their previous order.
+    fn hold(&mut self, path: &Path, previous: &[PathBuf], found: &mut Vec<PathBuf>) {
+        for file in previous.iter().filter(|f| f.starts_with(path)) {
+            self.held.insert(file.clone());
+            found.push(file.clone());
+        }
+    }
+}
+
+fn kept(files: usize) -> String {
+    match files {
+        0 => "nothing was served from it".to_owned(),
+        1 => "keeping the last good content of its 1 file".to_owned(),
+        n => format!("keeping the last good content of its {n} files"),
+    }
+}
+
+/// Collects the configuration files below `dir` (unsorted), skipping hidden entries.
+fn collect_dir(
+    dir: &Path,
+    depth: usize,
+    previous: &[PathBuf],
+    found: &mut Vec<PathBuf>,
+    listing: &mut Listing,
+) {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            let before = found.len();
+            listing.hold(dir, previous, found);
+            let message = format!(
+                "directory {}: cannot list: {e}; {}",
+                dir.display(),
+                kept(found.len() - before)
+            );
+            listing.problem(dir, message);
+            return;
+        }
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                // The listing broke off: keep what was there rather than dropping the rest.
+                let before = found.len();
+                listing.hold(dir, previous, found);
+                let message = format!(
+                    "directory {}: listing failed: {e}; {}",
+                    dir.display(),
+                    kept(found.len() - before)
+                );
+                listing.problem(dir, message);
+                return;
+            }
+        };
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        // Follows symlinks: ConfigMap files are symlinks into `..data`.
+        match fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => {
+                if depth < MAX_DEPTH {
+                    collect_dir(&path, depth + 1, previous, found, listing);
+                }
+            }
+            Ok(_) if has_config_extension(&path) => found.push(path),
+            Ok(_) => {}
+            Err(e) => match classify(&path, &e) {
+                // Removed while listing.
+                StatFailure::Gone => {}
+                StatFailure::Broken(message) => {
+                    let before = found.len();
+                    listing.hold(&path, previous, found);
+                    let message = format!(
+                        "path {}: cannot stat: {message}; {}",
+                        path.display(),
+                        kept(found.len() - before)
+                    );
+                    listing.problem(&path, message);
+                }
+            },
+        }
+    }
+}
+
+fn has_config_extension(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broken_paths_hold_what_was_below_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conf = dir.path().join("conf");
+        fs::create_dir_all(conf.join("sub")).expect("mkdir");
+        fs::write(conf.join("a.yaml"), "").expect("write");
+        fs::write(conf.join("sub/s.yaml"), "").expect("write");
+        fs::write(conf.join("notes.txt"), "").expect("write");
+        let roots = vec![conf.clone()];
+        let first = list(&roots, &[]);
+        assert_eq!(
+            first.files,
+            vec![conf.join("a.yaml"), conf.join("sub/s.yaml")]
+        );
+        assert!(first.held.is_empty() && first.problems.is_empty());
+
+        // `sub` becomes a dangling symlink: held, with a problem naming it and the error.
+        fs::remove_dir_all(conf.join("sub")).expect("rm");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), conf.join("sub")).expect("ln");
+        let second = list(&roots, &first.files);
+        assert_eq!(second.files, first.files);
+        assert_eq!(
+            second.held,
+            HashSet::from([conf.join("sub/s.yaml")]),
+            "{second:?}"
+        );
+        let problem = &second.problems[&scope(&conf.join("sub"))][0];
+        assert!(problem.contains("dangling symlink"), "{problem}");
+        assert!(problem.contains("No such file or directory"), "{problem}");
+        assert!(problem.contains("its 1 file"), "{problem}");
+
+        // Really removed: a deletion, no problem.
+        fs::remove_file(conf.join("sub")).expect("rm link");
+        let third = list(&roots, &second.files);
+        assert_eq!(third.files, vec![conf.join("a.yaml")]);
+        assert!(third.problems.is_empty(), "{:?}", third.problems);
+    }
+
+    #[test]
+    fn a_root_below_a_regular_file_is_held() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let other = dir.path().join("other");
+        fs::create_dir_all(&other).expect("mkdir");
+        let f = other.join("f.yaml");
+        fs::write(&f, "").expect("write");
+        let roots = vec![f.clone()];
+        let first = list(&roots, &[]);
+        assert_eq!(first.files, vec![f.clone()]);
+
+        fs::remove_dir_all(&other).expect("rm");
+        fs::write(&other, "now a file").expect("write");
+        let second = list(&roots, &first.files);
+        assert_eq!(second.files, vec![f.clone()]);
+        assert!(second.held.contains(&f));
+        let problem = &second.problems[&scope(&f)][0];
+        assert!(problem.contains("Not a directory"), "{problem}");
+
+        // A root that never existed is not held (nothing to hold) and says so.
+        let missing = dir.path().join("missing.yaml");
+        let third = list(std::slice::from_ref(&missing), &[]);
+        assert!(third.files.is_empty());
+        assert!(third.problems[&scope(&missing)][0].contains("does not exist"));
+    }
+}
