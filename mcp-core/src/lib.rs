@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod cache;
 pub mod cli;
+pub mod filter;
 pub mod index;
 pub mod metrics;
 pub mod model;
