@@ -30,8 +30,8 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
-echo "==> cargo build --workspace --bins (the end-to-end tests run the real binaries)"
-cargo build --workspace --bins
+echo "==> cargo build --workspace --bins --examples (the end-to-end tests run the real binaries and zk-writer)"
+cargo build --workspace --bins --examples
 
 echo "==> cargo test (including tests that need real peers)"
 ADSC_WATCH_DIR="$PWD/target/adsc" CONSUL_BIN_DIR="$PWD/target/consul" cargo test --workspace -- --include-ignored

@@ -1,18 +1,24 @@
 //! The few Consul HTTP endpoints the adapter needs, as blocking queries.
 //!
 //! Consul's blocking-query rules (api-docs/features/blocking): send the last `X-Consul-Index`
-//! with `wait`; a return does not mean a change; an index that goes backwards means reset to 0;
-//! never block on index 0. The caller ([`crate::registry`]) applies them; this module only makes
-//! the requests and classifies failures.
+//! with `wait`; a return does not mean a change; an index that goes backwards means reset; an
+//! index is never 0 (a missing or 0 header counts as 1, so the next query still blocks). This
+//! module makes the requests (at most `--consul-concurrency` + [`WATCHES`] in flight), applies
+//! the index sanity rule and classifies failures; [`crate::watch`] applies the others.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use tokio::sync::Semaphore;
 
-use crate::config::ConsulConfig;
+use crate::config::{ConsulConfig, MAX_CONCURRENCY};
 use crate::convert::HealthEntry;
+use crate::http::{HttpSettings, ReloadingClient};
+use crate::secret::{Secret, TokenSource};
 
 /// Why a request to Consul failed.
 #[derive(Debug, thiserror::Error)]
@@ -69,67 +75,77 @@ impl From<ConsulError> for mcp_core::RegistryError {
 /// A blocking-query answer.
 #[derive(Debug)]
 pub struct Indexed<T> {
-    /// `X-Consul-Index`.
+    /// `X-Consul-Index`, never 0 (see [`index_of`]).
     pub index: u64,
     /// The body.
     pub value: T,
 }
 
-/// A Consul HTTP API client.
+/// The three change watches each hold one request open besides the bounded ones.
+pub const WATCHES: usize = 3;
+
+/// A filter that matches nothing: the answer is `[]` but `X-Consul-Index` is still the index of
+/// what the query reads, so a change can be detected without transferring the data.
+const NOTHING: &str = r#"ID == "" and ID != """#;
+
+/// A Consul HTTP API client. Cheap to clone (the clones share the connection pool and the cap
+/// on requests in flight).
 #[derive(Clone, Debug)]
 pub struct ConsulClient {
-    http: reqwest::Client,
+    inner: Arc<ClientInner>,
+}
+
+#[derive(Debug)]
+struct ClientInner {
+    http: ReloadingClient,
     base: String,
-    token: Option<String>,
+    token: TokenSource,
     datacenter: Option<String>,
     namespace: Option<String>,
     partition: Option<String>,
     wait: Duration,
+    /// Requests in flight: at most `--consul-concurrency` + [`WATCHES`].
+    in_flight: Semaphore,
+    /// A missing `X-Consul-Index` was already warned about.
+    warned_no_index: AtomicBool,
 }
 
-fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, ConsulError> {
-    std::fs::read(path)
-        .map_err(|e| ConsulError::Config(format!("reading {what} {}: {e}", path.display())))
+/// The base URL from the address and `CONSUL_HTTP_SSL`, as the consul CLI derives it: a bare
+/// `host:port` is HTTP, and `CONSUL_HTTP_SSL=true` makes it HTTPS whatever the scheme said.
+fn base_url(addr: &str, ssl: Option<bool>) -> Result<reqwest::Url, ConsulError> {
+    let addr = addr.trim_end_matches('/');
+    let rest = addr
+        .strip_prefix("https://")
+        .or_else(|| addr.strip_prefix("http://"));
+    let scheme = match (ssl, rest) {
+        (Some(true), _) => "https",
+        (_, Some(_)) if addr.starts_with("https://") => "https",
+        _ => "http",
+    };
+    let url = format!("{scheme}://{}", rest.unwrap_or(addr));
+    reqwest::Url::parse(&url)
+        .map_err(|e| ConsulError::Config(format!("--consul-addr {addr:?}: {e}")))
 }
 
 impl ConsulClient {
-    /// Builds a client; the token comes from `token` (the environment) or the token file.
+    /// Builds a client; the token comes from the token file, else `token` (the environment).
     pub fn new(cfg: &ConsulConfig, token: Option<String>) -> Result<Self, ConsulError> {
-        let mut base = cfg.addr.trim_end_matches('/').to_string();
-        if !base.starts_with("http://") && !base.starts_with("https://") {
-            base = format!("http://{base}");
-        }
-        let url = reqwest::Url::parse(&base)
-            .map_err(|e| ConsulError::Config(format!("--consul-addr {:?}: {e}", cfg.addr)))?;
-        let token = match (&cfg.token_file, token) {
-            (Some(f), _) => Some(
-                String::from_utf8_lossy(&read(f, "token file")?)
-                    .trim()
-                    .to_string(),
-            ),
-            (None, t) => t.filter(|t| !t.is_empty()),
+        let url = base_url(&cfg.addr, cfg.ssl)?;
+        let mut base = url.as_str().trim_end_matches('/').to_string();
+        let token = TokenSource::new(cfg.token_file.as_deref(), token)
+            .map_err(|e| ConsulError::Config(e.to_string()))?;
+        let wait = cfg
+            .wait
+            .clamp(Duration::from_millis(10), Duration::from_secs(600));
+        let concurrency = cfg.concurrency.clamp(1, MAX_CONCURRENCY);
+        let mut settings = HttpSettings {
+            ca: cfg.ca.clone(),
+            capath: cfg.capath.clone(),
+            identity: cfg.client_cert.clone().zip(cfg.client_key.clone()),
+            verify: cfg.ssl_verify,
+            resolve: None,
+            max_conns: concurrency + WATCHES,
         };
-        let wait = cfg.wait.min(Duration::from_secs(600));
-        // Consul adds up to wait/16 of jitter; give the answer time to arrive.
-        let timeout = wait + wait / 16 + Duration::from_secs(15);
-        let mut builder = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(Duration::from_secs(5))
-            .pool_max_idle_per_host(usize::MAX);
-        if let Some(ca) = &cfg.ca {
-            let cert = reqwest::Certificate::from_pem(&read(ca, "CA")?)
-                .map_err(|e| ConsulError::Config(format!("CA {}: {e}", ca.display())))?;
-            builder = builder.add_root_certificate(cert);
-        }
-        if let (Some(cert), Some(key)) = (&cfg.client_cert, &cfg.client_key) {
-            let mut pem = read(cert, "client certificate")?;
-            pem.push(b'\n');
-            pem.extend(read(key, "client key")?);
-            let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
-                ConsulError::Config(format!("client certificate {}: {e}", cert.display()))
-            })?;
-            builder = builder.identity(id);
-        }
         if let Some(name) = &cfg.tls_server_name {
             // Verify `name` while connecting to the configured address: ask for `name` and
             // resolve it to where the address points.
@@ -139,71 +155,108 @@ impl ConsulClient {
                 .ok()
                 .and_then(|mut a| a.next())
                 .ok_or_else(|| ConsulError::Config(format!("cannot resolve {host}")))?;
-            builder = builder.resolve(name, addr);
+            settings.resolve = Some((name.clone(), addr));
             let mut u = url.clone();
             u.set_host(Some(name)).map_err(|e| {
                 ConsulError::Config(format!("--consul-tls-server-name {name:?}: {e}"))
             })?;
             base = u.as_str().trim_end_matches('/').to_string();
         }
-        let http = builder
-            .build()
-            .map_err(|e| ConsulError::Config(format!("HTTP client: {e}")))?;
+        let http =
+            ReloadingClient::new(settings).map_err(|e| ConsulError::Config(e.to_string()))?;
         Ok(Self {
-            http,
-            base,
-            token,
-            datacenter: cfg.datacenter.clone(),
-            namespace: cfg.consul_namespace.clone(),
-            partition: cfg.consul_partition.clone(),
-            wait,
+            inner: Arc::new(ClientInner {
+                http,
+                base,
+                token,
+                datacenter: cfg.datacenter.clone(),
+                namespace: cfg.consul_namespace.clone(),
+                partition: cfg.consul_partition.clone(),
+                wait,
+                in_flight: Semaphore::new(concurrency + WATCHES),
+                warned_no_index: AtomicBool::new(false),
+            }),
         })
     }
 
     /// Base address (for messages).
     pub fn addr(&self) -> &str {
-        &self.base
+        &self.inner.base
+    }
+
+    /// The index of an answer by Consul's rules: never 0 (blocking on 0 returns at once, so a
+    /// watch would spin), and a missing or unparsable header counts as 1 (warned about once).
+    fn index_of(&self, headers: &reqwest::header::HeaderMap, path: &str) -> u64 {
+        match headers
+            .get("X-Consul-Index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<i128>().ok())
+        {
+            Some(i) => index_of(Some(i)),
+            None => {
+                if !self.inner.warned_no_index.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(addr = %self.inner.base, path, "Consul answered without an X-Consul-Index header (a proxy in between?); treating it as index 1, so changes are still waited for.");
+                }
+                index_of(None)
+            }
+        }
     }
 
     async fn get<T: DeserializeOwned>(
         &self,
         path: &str,
+        filter: Option<&str>,
         index: Option<u64>,
     ) -> Result<Indexed<T>, ConsulError> {
+        let c = &self.inner;
         let mut query: Vec<(&str, String)> = Vec::new();
-        if let Some(dc) = &self.datacenter {
+        if let Some(dc) = &c.datacenter {
             query.push(("dc", dc.clone()));
         }
-        if let Some(ns) = &self.namespace {
+        if let Some(ns) = &c.namespace {
             query.push(("ns", ns.clone()));
         }
-        if let Some(p) = &self.partition {
+        if let Some(p) = &c.partition {
             query.push(("partition", p.clone()));
         }
-        // Never block on index 0 (it would return at once, forever).
-        if let Some(i) = index.filter(|i| *i > 0) {
-            query.push(("index", i.to_string()));
-            query.push(("wait", format!("{}s", self.wait.as_secs().max(1))));
+        if let Some(f) = filter {
+            query.push(("filter", f.to_string()));
         }
-        let mut req = self.http.get(format!("{}{path}", self.base)).query(&query);
-        if let Some(t) = &self.token {
-            req = req.header("X-Consul-Token", t);
-        }
-        let resp = req.send().await.map_err(|e| ConsulError::Unreachable {
-            addr: self.base.clone(),
-            message: error_chain(&e),
-        })?;
-        let status = resp.status();
-        let index = resp
-            .headers()
-            .get("X-Consul-Index")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let body = resp.bytes().await.map_err(|e| ConsulError::Unreachable {
-            addr: self.base.clone(),
-            message: error_chain(&e),
-        })?;
+        let timeout = match index {
+            Some(i) => {
+                // Index 0 would not block: Consul's rule is to use 1 instead.
+                query.push(("index", i.max(1).to_string()));
+                query.push(("wait", format!("{}ms", c.wait.as_millis())));
+                // Consul adds up to wait/16 of jitter; give the answer time to arrive.
+                c.wait + c.wait / 16 + Duration::from_secs(15)
+            }
+            None => Duration::from_secs(30),
+        };
+        // A 403 for a token the file no longer holds (rotated meanwhile, the old one deleted)
+        // is retried once with the new token instead of failing the watch.
+        let mut attempt = 0;
+        let (status, index, body) = loop {
+            attempt += 1;
+            let token = c
+                .token
+                .current()
+                .map_err(|e| ConsulError::Config(e.to_string()))?;
+            let (status, index, body) = self.send(path, &query, timeout, token.as_ref()).await?;
+            if status == StatusCode::FORBIDDEN && attempt == 1 {
+                let now = c
+                    .token
+                    .current()
+                    .map_err(|e| ConsulError::Config(e.to_string()))?;
+                if now != token {
+                    tracing::info!(
+                        path,
+                        "Consul refused the previous token; retrying with the rotated one."
+                    );
+                    continue;
+                }
+            }
+            break (status, index, body);
+        };
         if status == StatusCode::FORBIDDEN {
             return Err(ConsulError::AccessDenied {
                 path: path.to_string(),
@@ -224,22 +277,114 @@ impl ConsulClient {
         Ok(Indexed { index, value })
     }
 
-    /// `/v1/catalog/services`: service name -> tags.
+    /// One request, within the cap on requests in flight: status, index and body.
+    async fn send(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        timeout: Duration,
+        token: Option<&Secret>,
+    ) -> Result<(StatusCode, u64, bytes::Bytes), ConsulError> {
+        let c = &self.inner;
+        let mut req = c
+            .http
+            .get()
+            .get(format!("{}{path}", c.base))
+            .query(query)
+            .timeout(timeout);
+        if let Some(t) = token {
+            req = req.header("X-Consul-Token", t.expose());
+        }
+        let _permit = c
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| ConsulError::Config("client closed".into()))?;
+        let resp = req.send().await.map_err(|e| ConsulError::Unreachable {
+            addr: c.base.clone(),
+            message: error_chain(&e),
+        })?;
+        let status = resp.status();
+        let index = self.index_of(resp.headers(), path);
+        let body = resp.bytes().await.map_err(|e| ConsulError::Unreachable {
+            addr: c.base.clone(),
+            message: error_chain(&e),
+        })?;
+        Ok((status, index, body))
+    }
+
+    /// `/v1/catalog/services`: service name -> tags; blocking when `index` is set.
     pub async fn services(
         &self,
         index: Option<u64>,
     ) -> Result<Indexed<BTreeMap<String, Vec<String>>>, ConsulError> {
-        self.get("/v1/catalog/services", index).await
+        self.get("/v1/catalog/services", None, index).await
     }
 
     /// `/v1/health/service/:name`: instances with node and checks.
-    pub async fn health(
-        &self,
-        name: &str,
-        index: Option<u64>,
-    ) -> Result<Indexed<Vec<HealthEntry>>, ConsulError> {
+    pub async fn health(&self, name: &str) -> Result<Indexed<Vec<HealthEntry>>, ConsulError> {
         let path = format!("/v1/health/service/{}", encode_path(name));
-        self.get(&path, index).await
+        self.get(&path, None, None).await
+    }
+
+    /// The index of `/v1/health/service/:name` alone: it moves when anything of that service
+    /// changes (an instance, a check, its node), so comparing it says whether to fetch it.
+    pub async fn health_index(&self, name: &str) -> Result<u64, ConsulError> {
+        let path = format!("/v1/health/service/{}", encode_path(name));
+        let r: Indexed<Vec<IgnoredAny>> = self
+            .get(
+                &path,
+                Some(r#"Service.ID == "" and Service.ID != """#),
+                None,
+            )
+            .await?;
+        Ok(r.index)
+    }
+
+    /// The checks that are not passing (`/v1/health/state/any` filtered by Consul), blocking
+    /// when `index` is set. Usually a short list, and it changes exactly when an instance's
+    /// health does: comparing two answers names the services to fetch.
+    pub async fn unhealthy_checks(
+        &self,
+        index: Option<u64>,
+    ) -> Result<Indexed<Vec<CheckState>>, ConsulError> {
+        self.get(
+            "/v1/health/state/any",
+            Some(r#"Status != "passing""#),
+            index,
+        )
+        .await
+    }
+
+    /// The index of every node (`/v1/catalog/nodes`), blocking when `index` is set.
+    pub async fn nodes_index(&self, index: Option<u64>) -> Result<u64, ConsulError> {
+        let r: Indexed<Vec<IgnoredAny>> =
+            self.get("/v1/catalog/nodes", Some(NOTHING), index).await?;
+        Ok(r.index)
+    }
+}
+
+/// One check of `/v1/health/state/any`, as far as health goes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct CheckState {
+    /// Node of the check.
+    pub node: String,
+    /// Check id (unique per node).
+    #[serde(rename = "CheckID")]
+    pub check_id: String,
+    /// `warning` or `critical`.
+    pub status: String,
+    /// The service it checks; empty for a node check (it affects every service of the node).
+    #[serde(default)]
+    pub service_name: String,
+}
+
+/// Consul's index sanity rule: an index is at least 1; a missing one counts as 1.
+pub fn index_of(header: Option<i128>) -> u64 {
+    match header {
+        Some(i) if i >= 1 => u64::try_from(i).unwrap_or(u64::MAX),
+        _ => 1,
     }
 }
 

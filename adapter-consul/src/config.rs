@@ -8,18 +8,6 @@ use std::time::Duration;
 
 use mcp_core::cli::parse_duration;
 
-/// What to do with a service whose instances are all unhealthy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum OnEmpty {
-    /// Keep the ServiceEntry with no endpoints: the host stays known to the mesh and requests
-    /// fail fast with "no healthy upstream" instead of leaking out of the mesh, and istiod does an
-    /// endpoint-only push rather than a full one when instances come back.
-    #[default]
-    Keep,
-    /// Delete the ServiceEntry.
-    Delete,
-}
-
 /// Consul connection and selection settings.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ConsulConfig {
@@ -39,9 +27,29 @@ pub struct ConsulConfig {
     #[arg(long = "consul-datacenter", env = "CONSUL_DATACENTER")]
     pub datacenter: Option<String>,
 
-    /// CA bundle to verify Consul's HTTPS certificate.
+    /// Use HTTPS even when the address has no `https://` scheme (the consul CLI's
+    /// `CONSUL_HTTP_SSL`; `true`/`false`, `1`/`0`, `t`/`f` as Go parses booleans).
+    #[arg(long = "consul-http-ssl", env = "CONSUL_HTTP_SSL", value_parser = parse_go_bool)]
+    pub ssl: Option<bool>,
+
+    /// Verify Consul's HTTPS certificate (`CONSUL_HTTP_SSL_VERIFY=false` turns it off, as for
+    /// the consul CLI; only for tests and emergencies: anyone on the path can then read the token).
+    #[arg(
+        long = "consul-http-ssl-verify",
+        env = "CONSUL_HTTP_SSL_VERIFY",
+        value_parser = parse_go_bool,
+        default_value = "true"
+    )]
+    pub ssl_verify: bool,
+
+    /// CA bundle to verify Consul's HTTPS certificate (re-read when it changes).
     #[arg(long = "consul-ca", env = "CONSUL_CACERT")]
     pub ca: Option<PathBuf>,
+
+    /// Directory of PEM CA certificates to verify Consul's HTTPS certificate (re-read when a
+    /// file in it changes).
+    #[arg(long = "consul-capath", env = "CONSUL_CAPATH")]
+    pub capath: Option<PathBuf>,
 
     /// Client certificate for Consul (`verify_incoming`).
     #[arg(
@@ -75,10 +83,6 @@ pub struct ConsulConfig {
     #[arg(long, env = "MCP_CONSUL_INCLUDE_WARNING")]
     pub include_warning: bool,
 
-    /// A service whose instances are all unhealthy: keep it with no endpoints, or delete it.
-    #[arg(long, env = "MCP_CONSUL_ON_EMPTY", value_enum, default_value_t = OnEmpty::Keep)]
-    pub on_empty: OnEmpty,
-
     /// Only these services (names or globs with `*` and `?`; comma-separated or repeated).
     #[arg(long = "service", env = "MCP_CONSUL_SERVICES", value_delimiter = ',')]
     pub services: Vec<String>,
@@ -107,11 +111,39 @@ pub struct ConsulConfig {
     #[arg(long = "consul-wait", env = "MCP_CONSUL_WAIT", default_value = "5m", value_parser = parse_duration)]
     pub wait: Duration,
 
-    /// How many services are fetched at once when (re)listing.
+    /// Most requests in flight to Consul besides the three change watches (clamped to
+    /// 1..=128): the agent refuses more than `limits.http_max_conns_per_client` (default 200)
+    /// connections from one address with HTTP 429, so the adapter never opens more than this
+    /// plus three.
     #[arg(
         long = "consul-concurrency",
         env = "MCP_CONSUL_CONCURRENCY",
         default_value_t = 32
     )]
     pub concurrency: usize,
+}
+
+/// Most requests in flight, whatever `--consul-concurrency` says.
+pub const MAX_CONCURRENCY: usize = 128;
+
+/// Parses a boolean the way Go's `strconv.ParseBool` does (what the consul CLI uses for its
+/// environment variables).
+pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!("{s:?} is not a boolean (true/false, 1/0, t/f)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn booleans_as_go_parses_them() {
+        assert_eq!(parse_go_bool("TRUE"), Ok(true));
+        assert_eq!(parse_go_bool("0"), Ok(false));
+        assert!(parse_go_bool("yes").is_err());
+    }
 }

@@ -96,8 +96,6 @@ pub struct ConvertSettings {
     pub default_protocol: Option<&'static str>,
     /// Hosts `<svc>.service.<dc>.consul`.
     pub host_datacenter: bool,
-    /// Keep services with no healthy instance (with no endpoints).
-    pub keep_empty: bool,
 }
 
 impl ConvertSettings {
@@ -114,7 +112,6 @@ impl ConvertSettings {
             tags: cfg.tags.clone(),
             default_protocol,
             host_datacenter: cfg.host_datacenter,
-            keep_empty: cfg.on_empty == crate::config::OnEmpty::Keep,
         })
     }
 }
@@ -159,8 +156,7 @@ fn labels(inst: &Instance) -> Labels {
 /// The result of converting one Consul service.
 #[derive(Debug, PartialEq)]
 pub struct Converted {
-    /// The service, or `None` when it should not be served (no instances left after filtering,
-    /// or no healthy ones and `--on-empty delete`).
+    /// The service, or `None` when it should not be served (no instances left after filtering).
     pub service: Option<Service>,
     /// Instances skipped as bad data, each naming the instance.
     pub problems: Vec<String>,
@@ -292,12 +288,8 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
             service_account: None,
         });
     }
-    if endpoints.is_empty() && !s.keep_empty {
-        return Converted {
-            service: None,
-            problems,
-        };
-    }
+    // A service with no healthy instance is still emitted (with no endpoints): whether to
+    // keep or remove it is the core's `--on-empty` policy, the same for every registry.
 
     let mut service = Service::new(ServiceKey::new(name), format!("consul service {name}"));
     if s.host_datacenter && !datacenter.is_empty() {
@@ -328,30 +320,6 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
     }
 }
 
-/// Matches `*` (any run) and `?` (one character) globs.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti) = (0, 0);
-    let (mut star, mut mark) = (None, 0);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,7 +330,6 @@ mod tests {
             tags: vec![],
             default_protocol: None,
             host_datacenter: false,
-            keep_empty: true,
         }
     }
 
@@ -450,14 +417,11 @@ mod tests {
     }
 
     #[test]
-    fn all_unhealthy_keeps_or_deletes() {
+    fn all_unhealthy_is_emitted_without_endpoints() {
         let entries = [mk_entry("bad", "10.0.0.3", 80, "critical")];
         let kept = convert("web", &entries, &settings()).service.expect("kept");
         assert!(kept.endpoints.is_empty());
         assert_eq!(kept.ports.len(), 1, "ports stay so the host does not flap");
-        let mut delete = settings();
-        delete.keep_empty = false;
-        assert!(convert("web", &entries, &delete).service.is_none());
     }
 
     #[test]
@@ -530,15 +494,6 @@ mod tests {
         );
         assert_eq!(svc.ports[0].name, "port-80");
         assert_eq!(svc.ports[0].protocol, None);
-    }
-
-    #[test]
-    fn globs() {
-        assert!(glob_match("web*", "web-api"));
-        assert!(glob_match("*-api", "web-api"));
-        assert!(glob_match("w?b", "web"));
-        assert!(!glob_match("web", "web-api"));
-        assert!(glob_match("*", ""));
     }
 
     #[test]

@@ -1,12 +1,19 @@
 //! adapter-consul: Consul services as Istio ServiceEntries.
 //!
-//! [`config`] holds the flags, [`client`] the Consul HTTP API, [`convert`] the mapping from
-//! Consul's health entries to the model, and [`registry`] the blocking-query watcher.
+//! [`config`] holds the flags, [`client`] the Consul HTTP API (over [`http`], with the token
+//! from [`secret`]), [`convert`] the mapping from Consul's health entries to the model,
+//! [`watch`] the blocking queries that signal changes and [`registry`] the watcher that finds
+//! and fetches what changed.
 
 pub mod client;
 pub mod config;
 pub mod convert;
+#[cfg(test)]
+mod fake;
+pub mod http;
 pub mod registry;
+pub mod secret;
+pub mod watch;
 
 pub use config::ConsulConfig;
 pub use registry::ConsulRegistry;

@@ -1,14 +1,23 @@
-//! Watches Consul: a blocking query on the catalog for the set of services, and one blocking
-//! query per service on `/v1/health/service/:name` for its instances.
+//! Watches Consul with a fixed number of connections whatever the number of services.
 //!
-//! A watch starts with a full list (fetched with bounded concurrency) sent as one `Reset`, then
-//! each change arrives as an `Upsert` or `Remove` of one service. Any failure (Consul down, 5xx,
-//! ACL denial) ends the watch with an error: the core keeps serving the last good state, marks
-//! the source unhealthy, backs off and starts a new watch, which re-lists everything.
+//! A watch starts with a full list (every service fetched with bounded concurrency) sent as one
+//! `Reset`. Then three blocking queries ([`crate::watch`]) say when something changed. A health
+//! change names its services (the list of non-passing checks differs), which are fetched; after
+//! a catalog or node change a *sweep* asks each service for its own `X-Consul-Index` (an empty
+//! answer) and fetches only those whose index moved. Each fetched service becomes an `Upsert`
+//! or `Remove`.
+//!
+//! One open blocking query per service would need one connection per service, and Consul's
+//! agent answers HTTP 429 beyond `limits.http_max_conns_per_client` (200 by default).
+//!
+//! A service that cannot be read is that service's problem: its last good state stays served,
+//! the failure is reported on its problems, and it is retried alone with its own backoff. Only
+//! Consul itself failing (the change watches fail, or every request of a sweep cannot connect)
+//! ends the watch with an error: the core then keeps serving the last good state, marks the
+//! source unhealthy, backs off and starts a new watch, which re-lists everything.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, BoxStream, StreamExt};
 use mcp_core::{
@@ -16,48 +25,13 @@ use mcp_core::{
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
-use crate::client::{ConsulClient, ConsulError, Indexed};
-use crate::config::ConsulConfig;
-use crate::convert::{convert, glob_match, ConvertSettings, HealthEntry};
-
-/// Rate limit of one watcher's queries (Consul's advice for blocking-query loops): a burst of
-/// [`BURST`] queries, then one per [`REFILL`]. An isolated change is fetched at once; a service
-/// that changes all the time degrades to polling every 50 ms instead of spinning.
-const BURST: u32 = 3;
-const REFILL: Duration = Duration::from_millis(50);
-
-/// Token bucket for one watcher.
-#[derive(Debug)]
-struct RateLimit {
-    tokens: u32,
-    last: tokio::time::Instant,
-}
-
-impl RateLimit {
-    fn new() -> Self {
-        Self {
-            tokens: BURST,
-            last: tokio::time::Instant::now(),
-        }
-    }
-
-    /// Waits until a query may be sent.
-    async fn acquire(&mut self) {
-        let now = tokio::time::Instant::now();
-        let earned = (now.duration_since(self.last).as_millis() / REFILL.as_millis()) as u32;
-        if earned > 0 {
-            self.tokens = (self.tokens + earned).min(BURST);
-            self.last = now;
-        }
-        if self.tokens == 0 {
-            tokio::time::sleep_until(self.last + REFILL).await;
-            self.last += REFILL;
-            self.tokens = 1;
-        }
-        self.tokens -= 1;
-    }
-}
+use crate::client::{CheckState, ConsulClient, ConsulError, Indexed};
+use crate::config::{ConsulConfig, MAX_CONCURRENCY};
+use crate::convert::{convert, ConvertSettings, HealthEntry};
+use crate::watch::{self, Backoff, Kind, Signal};
+use mcp_core::filter::glob_match;
 
 /// Why the adapter cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +59,10 @@ struct Inner {
     concurrency: usize,
     /// Services with problems reported, across watches: a re-list clears those of services
     /// that vanished meanwhile.
-    reported: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    reported: Mutex<BTreeSet<String>>,
+    /// The last good state of every served service, across watches: a service that cannot be
+    /// read during a re-list keeps it.
+    last_good: Mutex<HashMap<String, Service>>,
 }
 
 impl ConsulRegistry {
@@ -103,8 +80,9 @@ impl ConsulRegistry {
                 settings: ConvertSettings::new(cfg).map_err(ConfigError::Convert)?,
                 include: cfg.services.clone(),
                 exclude: cfg.exclude_services.clone(),
-                concurrency: cfg.concurrency.max(1),
+                concurrency: cfg.concurrency.clamp(1, MAX_CONCURRENCY),
                 reported: Default::default(),
+                last_good: Default::default(),
             }),
         })
     }
@@ -114,6 +92,8 @@ impl Registry for ConsulRegistry {
     const NAME: &'static str = "consul";
     const DEFAULT_HOST_SUFFIX: &'static str = "service.consul";
     const DEFAULT_NAMESPACE: &'static str = "consul";
+    const DEFAULT_VIP_CIDR: mcp_core::vip::VipCidr =
+        mcp_core::vip::VipCidr::range(242, 2, 0, 0, 16);
 
     fn watch(&self) -> BoxStream<'static, Result<RegistryEvent, RegistryError>> {
         let inner = Arc::clone(&self.inner);
@@ -121,34 +101,31 @@ impl Registry for ConsulRegistry {
     }
 }
 
-/// One service's first listing.
-type HealthResult = Result<Indexed<Vec<HealthEntry>>, ConsulError>;
+/// What one watch knows of one service.
+#[derive(Debug, Default)]
+struct Known {
+    /// `X-Consul-Index` of its last good fetch; 0 = fetch it at the next sweep.
+    index: u64,
+    /// An `Upsert` of it is being served.
+    served: bool,
+    /// Conversion problems of its last good state.
+    problems: Vec<String>,
+    /// Failing: failures in a row and when to try again.
+    retry: Option<(Backoff, Instant)>,
+}
 
-enum Msg {
-    Catalog(Indexed<BTreeMap<String, Vec<String>>>),
-    Health(String, Indexed<Vec<HealthEntry>>),
-    Failed(ConsulError),
+/// The outcome of looking at one service during a sweep.
+enum Looked {
+    /// Its index did not move.
+    Unchanged,
+    /// It changed: its new state.
+    Fetched(Indexed<Vec<HealthEntry>>),
 }
 
 impl Inner {
     fn wanted(&self, name: &str) -> bool {
         (self.include.is_empty() || self.include.iter().any(|p| glob_match(p, name)))
             && !self.exclude.iter().any(|p| glob_match(p, name))
-    }
-
-    /// Converts one service and reports its skipped instances; `None` = do not serve it.
-    async fn convert(
-        &self,
-        tx: &EventSender,
-        name: &str,
-        entries: &[HealthEntry],
-    ) -> Result<Option<Service>, RegistryError> {
-        let c = convert(name, entries, &self.settings);
-        for p in &c.problems {
-            tracing::warn!(service = %name, problem = %p, "Skipped part of a Consul service.");
-        }
-        self.report(tx, name, c.problems).await?;
-        Ok(c.service)
     }
 
     /// Sends a service's problems when it has some, or had some before (to clear them).
@@ -177,48 +154,277 @@ impl Inner {
         Ok(())
     }
 
-    async fn watch(self: Arc<Self>, tx: EventSender) -> Result<(), ConsulError> {
-        let catalog = self.client.services(None).await?;
-        let names: Vec<String> = catalog
-            .value
-            .keys()
-            .filter(|n| self.wanted(n))
-            .cloned()
-            .collect();
-        tracing::info!(addr = %self.client.addr(), services = names.len(), "Listing Consul services.");
-        let lists: Vec<(String, HealthResult)> = stream::iter(names)
-            .map(|name| {
+    /// Converts a fetched service and records it; the service to serve, if any.
+    async fn accept(
+        &self,
+        tx: &EventSender,
+        name: &str,
+        known: &mut Known,
+        list: Indexed<Vec<HealthEntry>>,
+    ) -> Result<Option<Service>, RegistryError> {
+        let c = convert(name, &list.value, &self.settings);
+        for p in &c.problems {
+            tracing::warn!(service = %name, problem = %p, "Skipped part of a Consul service.");
+        }
+        if known.retry.take().is_some() {
+            tracing::info!(service = %name, "Consul service readable again.");
+        }
+        known.index = list.index;
+        known.problems = c.problems.clone();
+        self.report(tx, name, c.problems).await?;
+        let mut last = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
+        match &c.service {
+            Some(s) => {
+                last.insert(name.to_string(), s.clone());
+            }
+            None => {
+                last.remove(name);
+            }
+        }
+        Ok(c.service)
+    }
+
+    /// One service could not be read: keep what is served of it, say why on its problems, and
+    /// try it again alone after its own backoff.
+    async fn failed(
+        &self,
+        tx: &EventSender,
+        name: &str,
+        known: &mut Known,
+        error: &ConsulError,
+    ) -> Result<(), RegistryError> {
+        let mut backoff = known.retry.map_or(Backoff { failures: 0 }, |(b, _)| b);
+        let delay = backoff.fail();
+        known.retry = Some((backoff, Instant::now() + delay));
+        tracing::warn!(service = %name, %error, failures = backoff.failures, retry_in = ?delay, "Cannot read a Consul service; serving its last good state.");
+        let mut problems = known.problems.clone();
+        problems.push(format!(
+            "consul service {name}: cannot be read ({error}); its last good state stays served; retrying it alone (failures in a row: {})",
+            backoff.failures
+        ));
+        self.report(tx, name, problems).await
+    }
+
+    /// Applies a fetched service: `Upsert`, or `Remove` when it no longer has instances to serve.
+    async fn apply(
+        &self,
+        tx: &EventSender,
+        name: &str,
+        known: &mut Known,
+        list: Indexed<Vec<HealthEntry>>,
+    ) -> Result<(), RegistryError> {
+        match self.accept(tx, name, known, list).await? {
+            Some(s) => {
+                known.served = true;
+                tx.send(RegistryEvent::Upsert(s)).await?;
+            }
+            None => {
+                if std::mem::take(&mut known.served) {
+                    tx.send(RegistryEvent::Remove(ServiceKey::new(name)))
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Looks at every named service with bounded concurrency: a service whose own index did
+    /// not move costs one request with an empty answer; a changed one is fetched.
+    async fn look(&self, names: Vec<(String, u64)>) -> Vec<(String, Result<Looked, ConsulError>)> {
+        stream::iter(names)
+            .map(|(name, old)| {
                 let client = self.client.clone();
                 async move {
-                    let r = client.health(&name, None).await;
+                    let r = async {
+                        if old != 0 && client.health_index(&name).await? == old {
+                            return Ok(Looked::Unchanged);
+                        }
+                        Ok(Looked::Fetched(client.health(&name).await?))
+                    }
+                    .await;
                     (name, r)
                 }
             })
             .buffer_unordered(self.concurrency)
             .collect()
-            .await;
+            .await
+    }
 
-        let (msg_tx, mut msgs) = mpsc::channel::<Msg>(1024);
-        // Dropping the set (when this function returns) stops every watcher.
-        let mut watchers: JoinSet<()> = JoinSet::new();
-        let mut handles: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
-        let mut services = Vec::new();
-        let mut served: HashMap<String, bool> = HashMap::new();
-        for (name, result) in lists {
-            let list = result?;
-            let svc = self
-                .convert(&tx, &name, &list.value)
-                .await
-                .map_err(|_| ended())?;
-            served.insert(name.clone(), svc.is_some());
-            services.extend(svc);
-            let h = watchers.spawn(watch_health(
-                self.client.clone(),
-                name.clone(),
-                list.index,
-                msg_tx.clone(),
-            ));
-            handles.insert(name, h);
+    /// Fails the whole watch when Consul itself is down (every request failed to connect):
+    /// that is the registry's health, not one service's.
+    fn all_unreachable(results: &[(String, Result<Looked, ConsulError>)]) -> Option<ConsulError> {
+        let unreachable =
+            |r: &Result<Looked, ConsulError>| matches!(r, Err(ConsulError::Unreachable { .. }));
+        if results.is_empty() || !results.iter().all(|(_, r)| unreachable(r)) {
+            return None;
+        }
+        results.iter().find_map(|(_, r)| match r {
+            Err(ConsulError::Unreachable { addr, message }) => Some(ConsulError::Unreachable {
+                addr: addr.clone(),
+                message: message.clone(),
+            }),
+            _ => None,
+        })
+    }
+
+    /// Sweeps the services due for a look (not waiting for a retry), or fetches the `named`
+    /// ones (their health changed), and applies what changed.
+    async fn sweep(
+        &self,
+        tx: &EventSender,
+        known: &mut HashMap<String, Known>,
+        named: Option<&BTreeSet<String>>,
+    ) -> Result<(), ConsulError> {
+        let due: Vec<(String, u64)> = known
+            .iter()
+            .filter(|(_, k)| k.retry.is_none())
+            .filter_map(|(n, k)| match named {
+                None => Some((n.clone(), k.index)),
+                Some(names) => names.contains(n).then(|| (n.clone(), 0)),
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        let looked = due.len();
+        let results = self.look(due).await;
+        if let Some(e) = Self::all_unreachable(&results) {
+            return Err(e);
+        }
+        let mut changed = 0usize;
+        for (name, r) in results {
+            let Some(k) = known.get_mut(&name) else {
+                continue;
+            };
+            match r {
+                Ok(Looked::Unchanged) => {}
+                Ok(Looked::Fetched(list)) => {
+                    changed += 1;
+                    self.apply(tx, &name, k, list).await.map_err(|_| ended())?;
+                }
+                Err(e) => self.failed(tx, &name, k, &e).await.map_err(|_| ended())?,
+            }
+        }
+        tracing::debug!(looked, changed, took = ?started.elapsed(), "Swept Consul services.");
+        Ok(())
+    }
+
+    /// Tries again the failing services whose backoff has passed.
+    async fn retry(
+        &self,
+        tx: &EventSender,
+        known: &mut HashMap<String, Known>,
+    ) -> Result<(), ConsulError> {
+        let now = Instant::now();
+        let due: Vec<(String, u64)> = known
+            .iter()
+            .filter(|(_, k)| k.retry.is_some_and(|(_, at)| at <= now))
+            .map(|(n, _)| (n.clone(), 0))
+            .collect();
+        for (name, r) in self.look(due).await {
+            let Some(k) = known.get_mut(&name) else {
+                continue;
+            };
+            match r {
+                Ok(Looked::Fetched(list)) => self.apply(tx, &name, k, list).await,
+                Ok(Looked::Unchanged) => Ok(()),
+                Err(e) => self.failed(tx, &name, k, &e).await,
+            }
+            .map_err(|_| ended())?;
+        }
+        Ok(())
+    }
+
+    /// Follows a change of the catalog's service list: new services are looked at in the next
+    /// sweep, vanished ones removed.
+    async fn follow_catalog(
+        &self,
+        tx: &EventSender,
+        known: &mut HashMap<String, Known>,
+        names: impl Iterator<Item = String>,
+    ) -> Result<(), RegistryError> {
+        let now: BTreeSet<String> = names.filter(|n| self.wanted(n)).collect();
+        for name in &now {
+            if !known.contains_key(name) {
+                tracing::info!(service = %name, "Consul service appeared.");
+                known.insert(name.clone(), Known::default());
+            }
+        }
+        let gone: Vec<String> = known
+            .keys()
+            .filter(|n| !now.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            tracing::info!(service = %name, "Consul service vanished.");
+            let served = known.remove(&name).is_some_and(|k| k.served);
+            self.last_good
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&name);
+            if served {
+                tx.send(RegistryEvent::Remove(ServiceKey::new(name.clone())))
+                    .await?;
+            }
+            self.report(tx, &name, Vec::new()).await?;
+        }
+        Ok(())
+    }
+
+    async fn watch(self: Arc<Self>, tx: EventSender) -> Result<(), ConsulError> {
+        // The change indexes first: whatever changes after them is signalled.
+        let checks = self.client.unhealthy_checks(None).await?;
+        let mut unhealthy: BTreeSet<CheckState> = checks.value.into_iter().collect();
+        let nodes = self.client.nodes_index(None).await?;
+        let catalog = self.client.services(None).await?;
+        let mut known: HashMap<String, Known> = catalog
+            .value
+            .keys()
+            .filter(|n| self.wanted(n))
+            .map(|n| (n.clone(), Known::default()))
+            .collect();
+        tracing::info!(addr = %self.client.addr(), services = known.len(), "Listing Consul services.");
+        let started = std::time::Instant::now();
+        let names = known.keys().map(|n| (n.clone(), 0)).collect();
+        let results = self.look(names).await;
+        if let Some(e) = Self::all_unreachable(&results) {
+            return Err(e);
+        }
+        let mut services = Vec::with_capacity(results.len());
+        for (name, r) in results {
+            let Some(k) = known.get_mut(&name) else {
+                continue;
+            };
+            match r {
+                Ok(Looked::Fetched(list)) => {
+                    if let Some(s) = self
+                        .accept(&tx, &name, k, list)
+                        .await
+                        .map_err(|_| ended())?
+                    {
+                        k.served = true;
+                        services.push(s);
+                    }
+                }
+                Ok(Looked::Unchanged) => {}
+                Err(e) => {
+                    // Not readable now: what was served of it before this re-list stays.
+                    let last = self
+                        .last_good
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&name)
+                        .cloned();
+                    if let Some(s) = last {
+                        k.served = true;
+                        services.push(s);
+                    }
+                    self.failed(&tx, &name, k, &e).await.map_err(|_| ended())?;
+                }
+            }
+        }
+        tracing::info!(services = services.len(), took = ?started.elapsed(), "Listed Consul services.");
+        {
+            let mut last = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
+            last.retain(|n, _| known.get(n).is_some_and(|k| k.served));
         }
         tx.send(RegistryEvent::Reset(services))
             .await
@@ -227,7 +433,7 @@ impl Inner {
             let reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
             reported
                 .iter()
-                .filter(|n| !handles.contains_key(*n))
+                .filter(|n| !known.contains_key(*n))
                 .cloned()
                 .collect()
         };
@@ -236,76 +442,94 @@ impl Inner {
                 .await
                 .map_err(|_| ended())?;
         }
-        watchers.spawn(watch_catalog(
-            self.client.clone(),
-            catalog.index,
-            msg_tx.clone(),
-        ));
 
-        while let Some(msg) = msgs.recv().await {
-            match msg {
-                Msg::Failed(e) => return Err(e),
-                Msg::Catalog(c) => {
-                    let now: Vec<&String> = c.value.keys().filter(|n| self.wanted(n)).collect();
-                    for name in &now {
-                        if !handles.contains_key(*name) {
-                            tracing::info!(service = %name, "Consul service appeared.");
-                            let h = watchers.spawn(watch_health(
-                                self.client.clone(),
-                                (*name).clone(),
-                                0,
-                                msg_tx.clone(),
-                            ));
-                            handles.insert((*name).clone(), h);
-                        }
-                    }
-                    let gone: Vec<String> = handles
-                        .keys()
-                        .filter(|n| !now.contains(n))
-                        .cloned()
-                        .collect();
-                    for name in gone {
-                        tracing::info!(service = %name, "Consul service vanished.");
-                        if let Some(h) = handles.remove(&name) {
-                            h.abort();
-                        }
-                        if served.remove(&name) == Some(true) {
-                            tx.send(RegistryEvent::Remove(ServiceKey::new(name.clone())))
-                                .await
-                                .map_err(|_| ended())?;
-                        }
-                        self.report(&tx, &name, Vec::new())
+        let (sig_tx, mut signals) = mpsc::channel::<Signal>(16);
+        // Dropping the set (when this function returns) stops the watches.
+        let mut watches: JoinSet<()> = JoinSet::new();
+        for (kind, index) in [
+            (Kind::Catalog, catalog.index),
+            (Kind::Checks, checks.index),
+            (Kind::Nodes, nodes),
+        ] {
+            watches.spawn(watch::run(self.client.clone(), kind, index, sig_tx.clone()));
+        }
+        drop(sig_tx);
+
+        loop {
+            let next_retry = known
+                .values()
+                .filter_map(|k| k.retry.map(|(_, at)| at))
+                .min();
+            let first = tokio::select! {
+                s = signals.recv() => s,
+                () = sleep_until(next_retry) => {
+                    self.retry(&tx, &mut known).await?;
+                    continue;
+                }
+            };
+            let Some(first) = first else {
+                return Ok(());
+            };
+            // Everything that queued meanwhile is covered by one sweep: of every service when
+            // the catalog or a node changed, else of the services whose health changed.
+            let mut pending = vec![first];
+            while let Ok(s) = signals.try_recv() {
+                pending.push(s);
+            }
+            let mut everything = false;
+            let mut named: BTreeSet<String> = BTreeSet::new();
+            for signal in pending {
+                match signal {
+                    Signal::Failed(e) => return Err(e),
+                    Signal::Catalog(c) => {
+                        everything = true;
+                        self.follow_catalog(&tx, &mut known, c.value.into_keys())
                             .await
                             .map_err(|_| ended())?;
                     }
-                }
-                Msg::Health(name, list) => {
-                    if !handles.contains_key(&name) {
-                        continue;
-                    }
-                    let svc = self
-                        .convert(&tx, &name, &list.value)
-                        .await
-                        .map_err(|_| ended())?;
-                    match svc {
-                        Some(s) => {
-                            served.insert(name, true);
-                            tx.send(RegistryEvent::Upsert(s))
-                                .await
-                                .map_err(|_| ended())?;
-                        }
-                        None => {
-                            if served.insert(name.clone(), false) == Some(true) {
-                                tx.send(RegistryEvent::Remove(ServiceKey::new(name)))
-                                    .await
-                                    .map_err(|_| ended())?;
+                    Signal::Checks {
+                        unhealthy: now,
+                        reset,
+                    } => {
+                        let now: BTreeSet<CheckState> = now.into_iter().collect();
+                        for c in unhealthy.symmetric_difference(&now) {
+                            if c.service_name.is_empty() {
+                                // A node check: every service of that node.
+                                everything = true;
+                            } else {
+                                named.insert(c.service_name.clone());
                             }
+                        }
+                        unhealthy = now;
+                        if reset {
+                            everything = true;
+                            known.values_mut().for_each(|k| k.index = 0);
+                        }
+                    }
+                    Signal::Changed { what, reset } => {
+                        tracing::debug!(watch = what, reset, "Consul changed.");
+                        everything = true;
+                        if reset {
+                            // Indexes went backwards: per-service ones may collide with old
+                            // values, so fetch everything.
+                            known.values_mut().for_each(|k| k.index = 0);
                         }
                     }
                 }
             }
+            if everything {
+                self.sweep(&tx, &mut known, None).await?;
+            } else if !named.is_empty() {
+                self.sweep(&tx, &mut known, Some(&named)).await?;
+            }
         }
-        Ok(())
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -313,85 +537,212 @@ fn ended() -> ConsulError {
     ConsulError::Config("watch dropped".into())
 }
 
-/// Follows Consul's index rules for one blocking query; returns the index to use next and
-/// whether the answer may carry a change.
-fn next_index(previous: u64, returned: u64) -> (u64, bool) {
-    if returned < previous {
-        // Index went backwards (snapshot restore, restart): start over without blocking.
-        (0, true)
-    } else {
-        (returned, returned != previous)
-    }
-}
-
-async fn watch_health(client: ConsulClient, name: String, mut index: u64, tx: mpsc::Sender<Msg>) {
-    let mut limit = RateLimit::new();
-    loop {
-        limit.acquire().await;
-        match client.health(&name, Some(index)).await {
-            Ok(list) => {
-                tracing::debug!(service = %name, index = list.index, "Consul answered a blocking query.");
-                let (next, changed) = next_index(index, list.index);
-                index = next;
-                if changed && tx.send(Msg::Health(name.clone(), list)).await.is_err() {
-                    return;
-                }
-            }
-            Err(e) => {
-                let _ = tx.send(Msg::Failed(e)).await;
-                return;
-            }
-        }
-    }
-}
-
-async fn watch_catalog(client: ConsulClient, mut index: u64, tx: mpsc::Sender<Msg>) {
-    let mut limit = RateLimit::new();
-    loop {
-        limit.acquire().await;
-        match client.services(Some(index)).await {
-            Ok(c) => {
-                let (next, changed) = next_index(index, c.index);
-                index = next;
-                if changed && tx.send(Msg::Catalog(c)).await.is_err() {
-                    return;
-                }
-            }
-            Err(e) => {
-                let _ = tx.send(Msg::Failed(e)).await;
-                return;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
 
-    #[tokio::test(start_paused = true)]
-    async fn rate_limit_allows_a_burst_then_one_per_refill() {
-        let mut l = RateLimit::new();
-        let t0 = tokio::time::Instant::now();
-        for _ in 0..BURST {
-            l.acquire().await;
+    use clap::Parser;
+
+    use super::*;
+    use crate::fake::{one_instance, FakeConsul, Reply};
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        consul: ConsulConfig,
+    }
+
+    fn config(fake: &FakeConsul, extra: &[&str]) -> ConsulConfig {
+        let addr = format!("http://{}", fake.addr);
+        let mut args = vec![
+            "test",
+            "--consul-addr",
+            addr.as_str(),
+            "--consul-wait",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        Args::try_parse_from(args).expect("args").consul
+    }
+
+    type Events = BoxStream<'static, Result<RegistryEvent, RegistryError>>;
+
+    async fn next(events: &mut Events) -> RegistryEvent {
+        match tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+            Ok(Some(Ok(e))) => e,
+            other => panic!("expected an event, got {other:?}"),
         }
-        assert_eq!(t0.elapsed(), Duration::ZERO, "a burst goes at once");
-        l.acquire().await;
-        assert_eq!(t0.elapsed(), REFILL);
-        l.acquire().await;
-        assert_eq!(t0.elapsed(), REFILL * 2);
-        tokio::time::sleep(REFILL * 10).await;
-        let t1 = tokio::time::Instant::now();
-        l.acquire().await;
-        assert_eq!(t1.elapsed(), Duration::ZERO, "refilled after a quiet spell");
+    }
+
+    async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_index_header_is_index_1_and_still_blocks() {
+        // A proxy that strips X-Consul-Index: every answer comes without it.
+        let fake = FakeConsul::start(|r| {
+            let body = match r.path() {
+                "/v1/catalog/services" => r#"{"web":[]}"#.to_string(),
+                "/v1/health/service/web" => one_instance("web", "10.0.0.1"),
+                _ => "[]".to_string(),
+            };
+            Reply {
+                status: 200,
+                index: None,
+                body,
+            }
+        })
+        .await;
+        let registry = ConsulRegistry::with_token(&config(&fake, &[]), None).expect("registry");
+        let mut events = registry.watch();
+        assert!(matches!(next(&mut events).await, RegistryEvent::Reset(s) if s.len() == 1));
+        wait_until("blocking catalog query", || {
+            fake.requests_to("/v1/catalog/services").len() >= 2
+        })
+        .await;
+        let watched = &fake.requests_to("/v1/catalog/services")[1];
+        assert_eq!(
+            watched.param("index").as_deref(),
+            Some("1"),
+            "no index is index 1, not a non-blocking poll: {watched:?}"
+        );
+        assert!(watched.param("wait").is_some(), "{watched:?}");
+        for path in ["/v1/health/state/any", "/v1/catalog/nodes"] {
+            wait_until(path, || fake.requests_to(path).len() >= 2).await;
+            assert_eq!(
+                fake.requests_to(path)[1].param("index").as_deref(),
+                Some("1")
+            );
+        }
     }
 
     #[test]
-    fn index_rules() {
-        assert_eq!(next_index(10, 10), (10, false), "a return without a change");
-        assert_eq!(next_index(10, 12), (12, true));
-        assert_eq!(next_index(10, 3), (0, true), "backwards: reset to 0");
-        assert_eq!(next_index(0, 7), (7, true));
+    fn index_sanity() {
+        use crate::client::index_of;
+        assert_eq!(index_of(None), 1, "missing");
+        assert_eq!(index_of(Some(0)), 1);
+        assert_eq!(index_of(Some(-4)), 1);
+        assert_eq!(index_of(Some(42)), 42);
+    }
+
+    #[tokio::test]
+    async fn one_failing_service_is_retried_alone_and_reported_as_its_problem() {
+        let broken = Arc::new(AtomicBool::new(true));
+        let b = Arc::clone(&broken);
+        let fake = FakeConsul::start(move |r| match r.path() {
+            "/v1/catalog/services" => Reply::ok(10, r#"{"good":[],"bad":[]}"#),
+            "/v1/health/service/good" => Reply::ok(10, &one_instance("good", "10.0.0.1")),
+            "/v1/health/service/bad" if b.load(Ordering::SeqCst) => Reply {
+                status: 500,
+                index: None,
+                body: "rpc error: boom".into(),
+            },
+            "/v1/health/service/bad" => Reply::ok(11, &one_instance("bad", "10.0.0.2")),
+            _ => Reply::ok(10, "[]"),
+        })
+        .await;
+        let registry = ConsulRegistry::with_token(&config(&fake, &[]), None).expect("registry");
+        let mut events = registry.watch();
+
+        // The failing service is reported on its own scope; the other one is served.
+        let mut reset = None;
+        let mut problem = None;
+        while reset.is_none() || problem.is_none() {
+            match next(&mut events).await {
+                RegistryEvent::Reset(s) => reset = Some(s),
+                RegistryEvent::Problems { scope, problems } => problem = Some((scope, problems)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let served: Vec<String> = reset
+            .expect("reset")
+            .iter()
+            .map(|s| s.key.name.clone())
+            .collect();
+        assert_eq!(served, ["good"]);
+        let (scope, problems) = problem.expect("problem");
+        assert_eq!(scope, "consul service bad");
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("500") && p.contains("boom")),
+            "{problems:?}"
+        );
+
+        // It is retried alone: no re-list of everything.
+        wait_until("a retry of bad", || {
+            fake.requests_to("/v1/health/service/bad").len() >= 3
+        })
+        .await;
+        let lists = fake
+            .requests_to("/v1/catalog/services")
+            .iter()
+            .filter(|r| r.param("index").is_none())
+            .count();
+        assert_eq!(lists, 1, "the catalog was listed again");
+        assert_eq!(fake.requests_to("/v1/health/service/good").len(), 1);
+
+        // Once it reads again it is served and its problem cleared.
+        broken.store(false, Ordering::SeqCst);
+        let mut upserted = false;
+        let mut cleared = false;
+        while !(upserted && cleared) {
+            match next(&mut events).await {
+                RegistryEvent::Upsert(s) => upserted |= s.key.name == "bad",
+                RegistryEvent::Problems { scope, problems } => {
+                    cleared |= scope == "consul service bad" && problems.is_empty()
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_token_never_shows_in_debug_output() {
+        let fake = FakeConsul::start(|_| Reply::ok(1, "[]")).await;
+        let token = "5ecret-acl-token-value";
+        let registry =
+            ConsulRegistry::with_token(&config(&fake, &[]), Some(token.into())).expect("registry");
+        let client = ConsulClient::new(&config(&fake, &[]), Some(token.into())).expect("client");
+        for shown in [
+            format!("{registry:?}"),
+            format!("{client:?}"),
+            format!("{client:#?}"),
+        ] {
+            assert!(!shown.contains(token), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+        // And it is sent.
+        client.health_index("web").await.expect("request");
+        assert_eq!(fake.requests()[0].token.as_deref(), Some(token));
+    }
+
+    #[tokio::test]
+    async fn a_rewritten_token_file_is_used_without_a_restart() {
+        let fake = FakeConsul::start(|_| Reply::ok(1, "[]")).await;
+        let dir = std::env::temp_dir().join(format!("adapter-consul-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let file = dir.join("token");
+        std::fs::write(&file, "first-token\n").expect("write");
+        let cfg = config(
+            &fake,
+            &["--consul-token-file", file.to_str().expect("utf8")],
+        );
+        let client = ConsulClient::new(&cfg, None).expect("client");
+        client.health_index("web").await.expect("request");
+        std::fs::write(&file, "the-second-token").expect("write");
+        client.health_index("web").await.expect("request");
+        let tokens: Vec<Option<String>> = fake.requests().into_iter().map(|r| r.token).collect();
+        assert_eq!(
+            tokens,
+            [Some("first-token".into()), Some("the-second-token".into())]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

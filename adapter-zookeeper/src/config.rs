@@ -22,6 +22,23 @@ pub enum Layout {
     Auto,
 }
 
+/// Which registration of a Dubbo 3 provider to serve when it registers both at interface level
+/// (`/dubbo/{interface}/providers`) and at application level (`/services/{application}`), as
+/// Dubbo 3 does by default (`register-mode=all`). Serving both would give the same endpoints
+/// twice under two hosts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DubboDiscovery {
+    /// Interface level; an application is served only when no interface-level provider
+    /// belongs to it (applications registered with `register-mode=instance`).
+    #[default]
+    Interface,
+    /// Application level; interface-level providers of an application registered at
+    /// application level are left out of their interface (Dubbo 2 providers stay).
+    Application,
+    /// Both, as registered.
+    Both,
+}
+
 /// ZooKeeper connection and selection settings.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ZookeeperConfig {
@@ -57,6 +74,56 @@ pub struct ZookeeperConfig {
     /// How many znodes are read at once when listing.
     #[arg(long, env = "MCP_ZK_CONCURRENCY", default_value_t = 64)]
     pub zk_concurrency: usize,
+
+    /// Which registration of a Dubbo 3 provider registered at both levels is served.
+    #[arg(long, env = "MCP_ZK_DUBBO_DISCOVERY", value_enum, default_value_t = DubboDiscovery::Interface)]
+    pub dubbo_discovery: DubboDiscovery,
+
+    /// Only these services: Dubbo interfaces, Curator/Spring services or Dubbo 3 applications
+    /// (names or globs with `*` and `?`; comma-separated or repeated).
+    #[arg(long = "service", env = "MCP_ZK_SERVICES", value_delimiter = ',')]
+    pub services: Vec<String>,
+
+    /// Never these services (names or globs).
+    #[arg(
+        long = "exclude-service",
+        env = "MCP_ZK_EXCLUDE_SERVICES",
+        value_delimiter = ','
+    )]
+    pub exclude_services: Vec<String>,
+
+    /// Only Dubbo providers in these groups (globs; a provider without a group has the empty
+    /// group, which only `*` matches).
+    #[arg(
+        long = "dubbo-group",
+        env = "MCP_ZK_DUBBO_GROUPS",
+        value_delimiter = ','
+    )]
+    pub dubbo_groups: Vec<String>,
+
+    /// Never Dubbo providers in these groups (globs).
+    #[arg(
+        long = "exclude-dubbo-group",
+        env = "MCP_ZK_EXCLUDE_DUBBO_GROUPS",
+        value_delimiter = ','
+    )]
+    pub exclude_dubbo_groups: Vec<String>,
+
+    /// Only Dubbo providers of these versions (globs; no version = empty, matched by `*`).
+    #[arg(
+        long = "dubbo-version",
+        env = "MCP_ZK_DUBBO_VERSIONS",
+        value_delimiter = ','
+    )]
+    pub dubbo_versions: Vec<String>,
+
+    /// Never Dubbo providers of these versions (globs).
+    #[arg(
+        long = "exclude-dubbo-version",
+        env = "MCP_ZK_EXCLUDE_DUBBO_VERSIONS",
+        value_delimiter = ','
+    )]
+    pub exclude_dubbo_versions: Vec<String>,
 }
 
 impl ZookeeperConfig {
@@ -114,6 +181,13 @@ mod tests {
             resync_interval: Duration::from_secs(60),
             zk_request_timeout: Duration::from_secs(10),
             zk_concurrency: 8,
+            dubbo_discovery: DubboDiscovery::Interface,
+            services: vec![],
+            exclude_services: vec![],
+            dubbo_groups: vec![],
+            exclude_dubbo_groups: vec![],
+            dubbo_versions: vec![],
+            exclude_dubbo_versions: vec![],
         };
         assert_eq!(
             cfg.roots(),

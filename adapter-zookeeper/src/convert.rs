@@ -1,43 +1,26 @@
 //! ZooKeeper znodes -> model services, for the three layouts found in ZooKeeper registries:
 //!
 //! * Dubbo 2 interface level: `/{root}/{interface}/providers/{URL-encoded provider URL}`, one
-//!   service per (interface, group, version);
+//!   service per interface (group and version are endpoint labels);
 //! * Curator x-discovery / Spring Cloud Zookeeper: `/{root}/{name}/{id}` with ServiceInstance
 //!   JSON, one service per name;
 //! * Dubbo 3 application level: the Curator layout with `dubbo.endpoints` in the payload
 //!   metadata (the ports and protocols the application serves).
 //!
-//! Names and hosts are documented in the crate README ("Names and hosts"); they are stable and
-//! collision-free: a name is the registry's own name only when that is already a valid DNS name
-//! that nothing else can map to, otherwise a readable mapping plus a hash of the original.
+//! Every directory converts on its own; what needs the whole registry (two interfaces mapping
+//! to one name, a Dubbo 3 provider registered at both levels) is [`crate::assemble`]'s job.
+//! Names are [`crate::naming`]'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mcp_core::translate::naming::{
-    canonical_protocol, check_label_key, check_label_value, is_dns_subdomain, map_dns_label,
-    map_dns_name, MAX_LABEL,
-};
+use mcp_core::translate::naming::{canonical_protocol, check_label_key, check_label_value};
 use mcp_core::{Endpoint, Host, Labels, Port, Service, ServiceKey};
 use serde::Deserialize;
 
-/// FNV-1a, 32 bits: a short stable hash for names (not security relevant).
-pub fn fnv1a32(parts: &[&str]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            // A separator byte that cannot occur in UTF-8 text keeps ("a","bc") != ("ab","c").
-            h ^= 0xff;
-            h = h.wrapping_mul(0x0100_0193);
-        }
-        for b in p.bytes() {
-            h ^= u32::from(b);
-            h = h.wrapping_mul(0x0100_0193);
-        }
-    }
-    h
-}
+use crate::filter::Filters;
+use crate::naming::{curator_name, dubbo_name};
 
 /// Decodes `application/x-www-form-urlencoded` text once (`+` = space, `%XX` = byte).
 pub fn form_decode(s: &str) -> Result<String, String> {
@@ -145,75 +128,6 @@ pub fn istio_protocol(p: &str) -> &'static str {
     }
 }
 
-fn is_plain_dns_name(s: &str) -> bool {
-    s.len() <= 200 && is_dns_subdomain(s)
-}
-
-/// Appends `-{hash}` to the last label of a mapped dotted name, keeping it <= 63 bytes.
-fn with_hash(mapped: &str, hash: u32) -> String {
-    let suffix = format!("{hash:08x}");
-    let mut labels: Vec<String> = mapped
-        .split('.')
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect();
-    // Keep the whole name well under 253 with the host suffix added later.
-    while labels.iter().map(|l| l.len() + 1).sum::<usize>() > 180 && labels.len() > 1 {
-        labels.remove(0);
-    }
-    match labels.last_mut() {
-        Some(last) => {
-            last.truncate(MAX_LABEL - suffix.len() - 1);
-            let trimmed = last.trim_end_matches('-').to_string();
-            *last = if trimmed.is_empty() {
-                suffix
-            } else {
-                format!("{trimmed}-{suffix}")
-            };
-        }
-        None => labels.push(format!("z-{suffix}")),
-    }
-    labels.join(".")
-}
-
-/// Name (resource name and relative host) of a Dubbo service.
-///
-/// `interface` alone when it is already a lower-case DNS name without `-` and there is no group
-/// or version (such names never carry a hash, and hashed names always contain `-`, so the two
-/// never meet); otherwise the mapped interface with `-{version}` and `-{group}` appended to its
-/// last label, then `-{8 hex of FNV-1a(interface, group, version)}`.
-pub fn dubbo_name(interface: &str, group: &str, version: &str) -> String {
-    let plain = group.is_empty()
-        && version.is_empty()
-        && is_plain_dns_name(interface)
-        && !interface.contains('-');
-    if plain {
-        return interface.to_string();
-    }
-    let mut mapped = map_dns_name(interface);
-    for extra in [version, group] {
-        let l = map_dns_label(extra);
-        if !l.is_empty() {
-            if mapped.is_empty() {
-                mapped = l;
-            } else {
-                mapped = format!("{mapped}-{l}");
-            }
-        }
-    }
-    with_hash(&mapped, fnv1a32(&["dubbo", interface, group, version]))
-}
-
-/// Name of a Curator / Spring Cloud / Dubbo 3 application service: the name itself when it is
-/// a lower-case DNS name, else the mapped name plus a hash of the original.
-pub fn curator_name(name: &str) -> String {
-    if is_plain_dns_name(name) && name.len() <= 120 {
-        name.to_string()
-    } else {
-        with_hash(&map_dns_name(name), fnv1a32(&["curator", name]))
-    }
-}
-
 /// One usable instance, whatever the layout.
 #[derive(Clone, Debug)]
 struct Inst {
@@ -226,13 +140,34 @@ struct Inst {
     created: Option<SystemTime>,
 }
 
+/// Annotation naming the Dubbo interface of a service.
+pub const INTERFACE_ANNOTATION: &str = "dubbo.apache.org/interface";
+/// Annotation naming the Dubbo 3 application of a service.
+pub const APPLICATION_ANNOTATION: &str = "dubbo.apache.org/application";
+
+/// What a service directory holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kind {
+    /// Nothing to serve (a Dubbo interface with consumers only, Dubbo 3 bookkeeping).
+    #[default]
+    None,
+    /// A Dubbo interface with a `providers` directory.
+    DubboInterface,
+    /// Curator x-discovery / Spring Cloud Zookeeper instances.
+    Curator,
+    /// Dubbo 3 application-level instances.
+    Dubbo3Application,
+}
+
 /// What one ZooKeeper service directory converts to.
 #[derive(Debug, Default, PartialEq)]
 pub struct Converted {
-    /// Services to serve (Dubbo: one per group/version; Curator: at most one).
-    pub services: Vec<Service>,
+    /// The service to serve, possibly with no endpoints; `None` = not served.
+    pub service: Option<Service>,
     /// Skipped objects, each naming its znode.
     pub problems: Vec<String>,
+    /// What the directory holds.
+    pub kind: Kind,
 }
 
 fn check_ip(what: &str, host: &str, problems: &mut Vec<String>) -> bool {
@@ -288,16 +223,8 @@ fn valid_labels(labels: impl IntoIterator<Item = (String, String)>) -> Labels {
         .collect()
 }
 
-/// Builds one service from its usable instances (none -> `None`).
-fn build(
-    name: String,
-    origin: String,
-    insts: &[Inst],
-    problems: &mut Vec<String>,
-) -> Option<Service> {
-    if insts.is_empty() {
-        return None;
-    }
+/// Builds one service from its usable instances (none: no ports and no endpoints).
+fn build(name: String, origin: String, insts: &[Inst], problems: &mut Vec<String>) -> Service {
     // Ports: every distinct port number among the instances; a number claimed with two
     // protocols takes the alphabetically first and reports the conflict.
     let mut by_number: BTreeMap<u32, BTreeSet<&'static str>> = BTreeMap::new();
@@ -353,21 +280,40 @@ fn build(
             service_account: None,
         });
     }
-    endpoints.sort_by(|a, b| (&a.address, &a.ports).cmp(&(&b.address, &b.ports)));
+    // One provider process often exports several versions on one port: same address and
+    // ports, told apart by their labels.
+    endpoints
+        .sort_by(|a, b| (&a.address, &a.ports, &a.labels).cmp(&(&b.address, &b.ports, &b.labels)));
     let mut service = Service::new(ServiceKey::new(name.clone()), origin);
     service.hosts = vec![Host::Relative(name)];
     service.ports = ports;
     service.endpoints = endpoints;
     service.create_time = insts.iter().filter_map(|i| i.created).min();
-    Some(service)
+    service
 }
 
 /// Converts the providers of Dubbo interface `interface` (znode names under
-/// `{root}/{interface}/providers`) into one service per (group, version).
-pub fn convert_dubbo(root: &str, interface: &str, providers: &[String]) -> Converted {
+/// `{root}/{interface}/providers`, which exists) into its one service.
+///
+/// One service per interface, whatever the providers' groups and versions: Dubbo consumers
+/// address an interface, and `group`/`version` select among its providers the way Istio subsets
+/// select among endpoints, so they are endpoint labels (for DestinationRule subsets and Aeraki's
+/// routing on the Dubbo attachment) and a version bump never renames the service.
+///
+/// The service has no endpoints when no provider is left (the `providers` directory is
+/// persistent and outlives them): whether it stays served is the core's `--on-empty` decision.
+/// It is `None` only when providers exist but `--dubbo-group`/`--dubbo-version` exclude them
+/// all: a filtered-out interface is not served at all.
+pub fn convert_dubbo(
+    root: &str,
+    interface: &str,
+    providers: &[String],
+    filters: &Filters,
+) -> Converted {
     let dir = format!("{}/{interface}/providers", root.trim_end_matches('/'));
     let mut problems = Vec::new();
-    let mut groups: BTreeMap<(String, String), Vec<Inst>> = BTreeMap::new();
+    let mut insts = Vec::new();
+    let mut filtered_out = 0usize;
     for znode in providers {
         let what = format!("zookeeper {dir}/{znode}");
         let url = match form_decode(znode).and_then(|u| parse_url(&u)) {
@@ -389,17 +335,30 @@ pub fn convert_dubbo(root: &str, interface: &str, providers: &[String]) -> Conve
         {
             continue;
         }
+        let group = url.params.get("group").map_or("", String::as_str);
+        let version = url.params.get("version").map_or("", String::as_str);
+        if !filters.allows_provider(group, version) {
+            filtered_out += 1;
+            continue;
+        }
         let Some(port) = check_port(&what, i64::from(url.port), &mut problems) else {
             continue;
         };
         if !check_ip(&what, &url.host, &mut problems) {
             continue;
         }
-        let group = url.params.get("group").cloned().unwrap_or_default();
-        let version = url.params.get("version").cloned().unwrap_or_default();
+        // Subsets select on these two: a value Kubernetes rejects is worth a problem line
+        // (unlike `methods=a,b`, which nobody selects on).
+        for (key, value) in [("group", group), ("version", version)] {
+            if !value.is_empty() && check_label_value(key, value).is_err() {
+                problems.push(format!(
+                    "{what}: {key} {value:?} is not a valid label value; the endpoint has no {key} label"
+                ));
+            }
+        }
         let mut labels = valid_labels(url.params.iter().map(|(k, v)| (k.clone(), v.clone())));
         labels.insert("protocol".into(), url.scheme.clone());
-        groups.entry((group, version)).or_default().push(Inst {
+        insts.push(Inst {
             what,
             address: url.host.clone(),
             ports: vec![(istio_protocol(&url.scheme), port)],
@@ -412,33 +371,24 @@ pub fn convert_dubbo(root: &str, interface: &str, providers: &[String]) -> Conve
             labels,
         });
     }
-    let mut services = Vec::new();
-    for ((group, version), insts) in groups {
-        let name = dubbo_name(interface, &group, &version);
-        let mut origin = format!("zookeeper {dir}");
-        if !group.is_empty() {
-            origin.push_str(&format!(" group {group}"));
-        }
-        if !version.is_empty() {
-            origin.push_str(&format!(" version {version}"));
-        }
-        let mut service = build(name, origin, &insts, &mut problems);
-        if let Some(s) = service.as_mut() {
-            s.annotations
-                .insert("dubbo.apache.org/interface".into(), interface.to_string());
-            if !group.is_empty() {
-                s.annotations
-                    .insert("dubbo.apache.org/group".into(), group.clone());
-            }
-            if !version.is_empty() {
-                s.annotations
-                    .insert("dubbo.apache.org/version".into(), version.clone());
-            }
-            debug_assert!(insts.iter().all(|i| !i.what.is_empty()));
-        }
-        services.extend(service);
+    if insts.is_empty() && filtered_out > 0 {
+        return Converted {
+            service: None,
+            problems,
+            kind: Kind::DubboInterface,
+        };
     }
-    Converted { services, problems }
+    let origin = format!("zookeeper {dir}");
+    let mut service = build(dubbo_name(interface), origin, &insts, &mut problems);
+    service
+        .annotations
+        .insert(INTERFACE_ANNOTATION.into(), interface.to_string());
+    debug_assert!(insts.iter().all(|i| !i.what.is_empty()));
+    Converted {
+        service: Some(service),
+        problems,
+        kind: Kind::DubboInterface,
+    }
 }
 
 /// Curator ServiceInstance JSON (curator-x-discovery `ServiceInstance`).
@@ -616,24 +566,27 @@ pub fn convert_curator(root: &str, name: &str, instances: &[(String, Vec<u8>)]) 
     }
     let origin = format!("zookeeper {dir}");
     let mut service = build(curator_name(name), origin, &insts, &mut problems);
-    if let Some(s) = service.as_mut() {
-        let key = if dubbo3 {
-            "dubbo.apache.org/application"
-        } else {
-            "zookeeper.apache.org/service"
-        };
-        s.annotations.insert(key.into(), name.to_string());
-    }
+    let key = if dubbo3 {
+        APPLICATION_ANNOTATION
+    } else {
+        "zookeeper.apache.org/service"
+    };
+    service.annotations.insert(key.into(), name.to_string());
     Converted {
-        services: service.into_iter().collect(),
+        service: Some(service),
         problems,
+        kind: if dubbo3 {
+            Kind::Dubbo3Application
+        } else {
+            Kind::Curator
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcp_core::translate::naming::is_dns_subdomain;
+    use crate::filter::Patterns;
 
     const REAL: &str = "dubbo%3A%2F%2F30.221.146.35%3A20880%2Forg.apache.dubbo.samples.api.GreetingsService%3Fanyhost%3Dtrue%26application%3Dfirst-dubbo-provider%26background%3Dfalse%26deprecated%3Dfalse%26dubbo%3D2.0.2%26dynamic%3Dtrue%26environment%3Dproduct%26generic%3Dfalse%26interface%3Dorg.apache.dubbo.samples.api.GreetingsService%26ipv6%3Dfd00%3A1%3A5%3A5200%3A3218%3A774a%3A4f67%3A2341%26methods%3DsayHi%26pid%3D85639%26release%3D3.1.4%26service-name-mapping%3Dtrue%26side%3Dprovider%26timestamp%3D1674960780647";
 
@@ -672,7 +625,7 @@ mod tests {
     }
 
     #[test]
-    fn converts_providers_by_group_and_version() {
+    fn converts_all_providers_of_an_interface_into_one_service() {
         let p = |ip: &str, q: &str| encode(&format!("dubbo://{ip}:20880/com.foo.Api?{q}"));
         let providers = vec![
             p(
@@ -680,87 +633,89 @@ mod tests {
                 "side=provider&weight=50&application=a&methods=a,b",
             ),
             p("10.0.0.2", "side=provider&version=1.0.0&group=g1"),
+            p("10.0.0.2", "side=provider&version=2.0.0&group=g1"),
             p("10.0.0.3", "side=provider&enabled=false"),
             p("10.0.0.4", "side=provider&disabled=true"),
             encode("tri://10.0.0.5:50051/com.foo.Api?side=provider"),
             "garbage%zz".to_string(),
             p("db.example.com", "side=provider"),
             encode("dubbo://10.0.0.6:0/com.foo.Api?side=provider"),
+            p("10.0.0.7", "side=provider&version=1.0.0%2Bbuild%2F7"),
         ];
-        let c = convert_dubbo("/dubbo", "com.foo.Api", &providers);
-        assert_eq!(c.services.len(), 2, "{:?}", c.services);
-        assert_eq!(c.problems.len(), 3, "{:?}", c.problems);
+        let c = convert_dubbo("/dubbo", "com.foo.Api", &providers, &Filters::default());
+        assert_eq!(c.kind, Kind::DubboInterface);
+        assert_eq!(c.problems.len(), 4, "{:?}", c.problems);
         assert!(c.problems[0].contains("zookeeper /dubbo/com.foo.Api/providers/garbage%zz"));
         assert!(c.problems[1].contains("not an IP"));
         assert!(c.problems[2].contains("port 0"));
-        let plain = &c.services[0];
-        assert_eq!(plain.key.name, dubbo_name("com.foo.Api", "", ""));
-        assert_eq!(plain.endpoints.len(), 2);
+        assert!(
+            c.problems[3].contains("version \"1.0.0+build/7\" is not a valid label value"),
+            "{}",
+            c.problems[3]
+        );
+        let s = c.service.expect("served");
+        assert_eq!(s.key.name, "com.foo.api");
+        assert_eq!(s.hosts, vec![Host::Relative("com.foo.api".into())]);
+        assert_eq!(s.annotations[INTERFACE_ANNOTATION], "com.foo.Api");
+        assert_eq!(s.endpoints.len(), 5);
         assert_eq!(
-            plain
-                .ports
-                .iter()
-                .map(|p| p.name.as_str())
-                .collect::<Vec<_>>(),
+            s.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
             ["tcp-20880", "grpc-50051"]
         );
-        assert_eq!(plain.endpoints[0].weight, Some(50));
-        assert_eq!(plain.endpoints[0].labels["application"], "a");
-        assert_eq!(plain.endpoints[0].labels["protocol"], "dubbo");
-        assert!(!plain.endpoints[0].labels.contains_key("methods"));
+        let e1 = &s.endpoints[0];
+        assert_eq!(e1.weight, Some(50));
+        assert_eq!(e1.labels["application"], "a");
+        assert_eq!(e1.labels["protocol"], "dubbo");
+        assert!(!e1.labels.contains_key("methods"));
+        assert_eq!(e1.ports, [("grpc-50051".to_string(), 20880)].into());
+        // One process exporting two versions on one port: two endpoints, told apart by labels.
+        let versions: Vec<(&str, &str)> = s
+            .endpoints
+            .iter()
+            .filter(|e| e.address == "10.0.0.2")
+            .map(|e| (e.labels["group"].as_str(), e.labels["version"].as_str()))
+            .collect();
+        assert_eq!(versions, [("g1", "1.0.0"), ("g1", "2.0.0")]);
         assert_eq!(
-            plain.endpoints[0].ports,
-            [("grpc-50051".to_string(), 20880)].into()
-        );
-        assert_eq!(
-            plain.endpoints[1].ports,
+            s.endpoints[3].ports,
             [("tcp-20880".to_string(), 50051)].into()
         );
-        let g1 = &c.services[1];
-        assert_eq!(g1.key.name, dubbo_name("com.foo.Api", "g1", "1.0.0"));
-        assert_eq!(g1.annotations["dubbo.apache.org/group"], "g1");
+        assert!(!s.endpoints[4].labels.contains_key("version"));
     }
 
     #[test]
-    fn dubbo_names_are_valid_and_collision_free() {
-        assert_eq!(dubbo_name("com.foo.api", "", ""), "com.foo.api");
-        let n = dubbo_name("org.apache.dubbo.samples.api.GreetingsService", "", "1.0.0");
-        assert!(n.starts_with("org.apache.dubbo.samples.api.greetingsservice-1-0-0-"));
-        let triples = [
-            ("com.foo.Api", "", ""),
-            ("com.foo.api", "x", ""),
-            ("com.foo.API", "", ""),
-            ("com.foo.Api", "g", "1.0"),
-            ("com.foo.Api", "1.0", "g"),
-            ("com.foo.Api", "", "1.0"),
-            ("com.foo.Api", "1.0", ""),
-            ("com.foo.Api", "g", "1-0"),
-            ("com.foo.Api", "g-1", "0"),
-            ("com.foo.Api", "g", ""),
-            ("com.foo.Api", "G", ""),
-            ("com.foo.Api_V", "", ""),
-            ("com.foo.Api$V", "", ""),
-            ("com.foo.api-v", "", ""),
-            ("com.foo.api", "", ""),
-            (&"x".repeat(300), "", ""),
-            (&"x".repeat(301), "", ""),
-            ("ÄÖ", "", ""),
-            ("", "", ""),
+    fn group_and_version_filters_select_providers() {
+        let p = |ip: &str, q: &str| encode(&format!("dubbo://{ip}:20880/a.B?side=provider{q}"));
+        let providers = vec![
+            p("10.0.0.1", "&group=blue&version=1.0.0"),
+            p("10.0.0.2", "&group=green&version=1.0.0"),
+            p("10.0.0.3", "&group=blue&version=0.9.0"),
+            p("10.0.0.4", ""),
         ];
-        let mut seen = BTreeMap::new();
-        for t in &triples {
-            let n = dubbo_name(t.0, t.1, t.2);
-            assert!(is_dns_subdomain(&n), "{t:?} -> {n:?}");
-            assert!(n.len() <= 200, "{n}");
-            assert!(n.split('.').all(|l| l.len() <= 63), "{n}");
-            if let Some(other) = seen.insert(n.clone(), *t) {
-                panic!("{t:?} and {other:?} both map to {n}");
-            }
-        }
-        assert_eq!(curator_name("waiter-service"), "waiter-service");
-        let m = curator_name("My_Service");
-        assert!(m.starts_with("my-service-") && is_dns_subdomain(&m), "{m}");
-        assert_ne!(curator_name("My_Service"), curator_name("my_service"));
+        let s = |v: &[&str]| v.iter().map(|x| (*x).to_string()).collect::<Vec<_>>();
+        let filters = Filters {
+            groups: Patterns::new(&s(&["blue"]), &[]),
+            versions: Patterns::new(&[], &s(&["0.*"])),
+            ..Filters::default()
+        };
+        let c = convert_dubbo("/dubbo", "a.B", &providers, &filters);
+        let addrs: Vec<&str> = c
+            .service
+            .as_ref()
+            .expect("served")
+            .endpoints
+            .iter()
+            .map(|e| e.address.as_str())
+            .collect();
+        assert_eq!(addrs, ["10.0.0.1"]);
+        // Every provider filtered out: not served at all (not "empty").
+        let none = Filters {
+            groups: Patterns::new(&s(&["red"]), &[]),
+            ..Filters::default()
+        };
+        assert!(convert_dubbo("/dubbo", "a.B", &providers, &none)
+            .service
+            .is_none());
     }
 
     #[test]
@@ -788,7 +743,8 @@ mod tests {
         );
         assert_eq!(c.problems.len(), 3, "{:?}", c.problems);
         assert!(c.problems[2].starts_with("zookeeper /services/waiter-service/7:"));
-        let s = &c.services[0];
+        assert_eq!(c.kind, Kind::Curator);
+        let s = c.service.as_ref().expect("served");
         assert_eq!(s.key.name, "waiter-service");
         assert_eq!(s.hosts, vec![Host::Relative("waiter-service".into())]);
         assert_eq!(s.endpoints.len(), 2);
@@ -821,7 +777,8 @@ mod tests {
         );
         assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
         assert!(c.problems[0].contains("/services/first-dubbo-provider/10.0.0.9:1"));
-        let s = &c.services[0];
+        assert_eq!(c.kind, Kind::Dubbo3Application);
+        let s = c.service.as_ref().expect("served");
         assert_eq!(
             s.ports
                 .iter()
@@ -842,16 +799,17 @@ mod tests {
     }
 
     #[test]
-    fn empty_or_all_disabled_is_not_served() {
-        assert!(convert_dubbo("/dubbo", "a.B", &[]).services.is_empty());
-        let off = encode("dubbo://10.0.0.1:1/a.B?enabled=false");
-        assert!(convert_dubbo("/dubbo", "a.B", &[off]).services.is_empty());
-    }
-
-    #[test]
-    fn hash_is_stable() {
-        assert_eq!(fnv1a32(&[""]), 0x811c_9dc5);
-        assert_eq!(fnv1a32(&["a"]), 0xe40c_292c);
-        assert_ne!(fnv1a32(&["a", "bc"]), fnv1a32(&["ab", "c"]));
+    fn empty_or_all_disabled_is_served_with_no_endpoints() {
+        let none = Filters::default();
+        for providers in [vec![], vec![encode("dubbo://10.0.0.1:1/a.B?enabled=false")]] {
+            let s = convert_dubbo("/dubbo", "a.B", &providers, &none)
+                .service
+                .expect("kept for the core's --on-empty");
+            assert!(s.endpoints.is_empty() && s.ports.is_empty());
+            assert_eq!(s.key.name, "a.b");
+        }
+        let c = convert_curator("/services", "web", &[]);
+        assert!(c.service.expect("kept").endpoints.is_empty());
+        assert_eq!(c.kind, Kind::Curator);
     }
 }

@@ -1,12 +1,19 @@
 //! adapter-zookeeper: Dubbo (interface and application level) and Curator / Spring Cloud
 //! Zookeeper services registered in ZooKeeper, as Istio ServiceEntries.
 //!
-//! [`config`] holds the flags, [`convert`] the mapping from znodes to the model, and
-//! [`registry`] the watcher (watches as hints, full re-list on every reconnect and periodically).
+//! [`config`] holds the flags, [`filter`] what they select, [`convert`] the mapping from one
+//! directory's znodes to the model, [`naming`] the names, [`assemble`] what needs the whole
+//! registry (name collisions, Dubbo 3 dual registration), [`client`] the ZooKeeper client and
+//! when to rebuild it, and [`registry`] the watcher (watches as hints, full re-list on every
+//! reconnect and periodically).
 
+pub mod assemble;
+pub mod client;
 pub mod config;
 pub mod convert;
+pub mod filter;
+pub mod naming;
 pub mod registry;
 
-pub use config::{Layout, ZookeeperConfig};
+pub use config::{DubboDiscovery, Layout, ZookeeperConfig};
 pub use registry::ZookeeperRegistry;

@@ -5,6 +5,8 @@
 //! watcher treats every watch as a hint and relies on re-listing:
 //!
 //! * one client is shared by every `watch()` call; a state listener records each transition;
+//!   it is rebuilt (resolving the ensemble again) after a terminal state or when the ensemble
+//!   resolves to other addresses (see [`crate::client`]);
 //! * a watch starts by waiting for a connected session, adding digest auth, listing every root
 //!   and service directory (arming child and data watches) and sending one `Reset`;
 //! * a fired watch marks its root or service directory dirty; after a short debounce the dirty
@@ -15,8 +17,9 @@
 //! * a safety re-list runs every `--resync-interval`;
 //! * a connection that stays down longer than [`DISCONNECT_GRACE`], or any request that fails
 //!   with a connection error or times out, ends the watch with `Unavailable`: the core keeps
-//!   serving the last good state, reports not ready, and calls `watch()` again, which waits for
-//!   the session and starts over with a new `Reset`.
+//!   serving the last good state (and stays ready: it has a state worth serving), reports the
+//!   registry unhealthy, and calls `watch()` again, which waits for the session and starts over
+//!   with a new `Reset`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
@@ -27,21 +30,23 @@ use futures::stream::{self, BoxStream, StreamExt};
 use mcp_core::{
     channel_stream, EventSender, Registry, RegistryError, RegistryEvent, Service, ServiceKey,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 use zookeeper_async::{WatchedEvent, ZkError, ZkState, ZooKeeper};
 
-use crate::config::{Layout, ZookeeperConfig};
-use crate::convert::{convert_curator, convert_dubbo, Converted};
+use crate::assemble::{assemble, Assembled};
+use crate::client::{is_terminal, Client, Clients};
+use crate::config::{DubboDiscovery, Layout, ZookeeperConfig};
+use crate::convert::{convert_curator, convert_dubbo, Converted, Kind};
+use crate::filter::Filters;
 
-/// How long the connection may be down before the watch fails (readiness turns 503).
+/// How long the connection may be down before the watch fails (the core then reports the
+/// registry unhealthy on `/registryz`; it keeps serving and stays ready).
 pub const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
 /// Longest a new watch waits for a connected session before failing.
 const CONNECT_WAIT: Duration = Duration::from_secs(10);
 /// Changes are collected this long after the first watch event before re-listing.
 const DEBOUNCE: Duration = Duration::from_millis(10);
-/// Delay between the client's reconnect attempts (0 would be a tight loop while ZK is down).
-const RETRY_TIME: Duration = Duration::from_millis(500);
 
 /// Dubbo categories: a directory holding one of them is a Dubbo interface.
 const DUBBO_CATEGORIES: [&str; 4] = ["providers", "consumers", "routers", "configurators"];
@@ -84,20 +89,25 @@ impl std::fmt::Debug for ZookeeperRegistry {
 
 struct Inner {
     servers: String,
-    session_timeout: Duration,
     request_timeout: Duration,
     resync: Duration,
     concurrency: usize,
     digest: Option<String>,
     roots: Vec<(String, Layout)>,
-    client: tokio::sync::Mutex<Option<Client>>,
+    filters: Filters,
+    discovery: DubboDiscovery,
+    clients: Clients,
+    /// What the last watch served and hid, handed to the next one: which of two colliding
+    /// interfaces keeps the plain name, the ports of empty services and hidden Dubbo 3
+    /// registrations must survive a reconnect, not only changes within one watch.
+    carried: std::sync::Mutex<Carried>,
 }
 
-/// The shared client and its state as the listener reports it: (transitions seen, last state).
-#[derive(Clone)]
-struct Client {
-    zk: Arc<ZooKeeper>,
-    state: watch::Receiver<(u64, ZkState)>,
+/// See [`Inner::carried`].
+#[derive(Default)]
+struct Carried {
+    served: BTreeMap<ServiceKey, Service>,
+    hidden: BTreeSet<ServiceKey>,
 }
 
 impl ZookeeperRegistry {
@@ -133,13 +143,15 @@ impl ZookeeperRegistry {
         Ok(Self {
             inner: Arc::new(Inner {
                 servers: cfg.zk_servers.clone(),
-                session_timeout: cfg.zk_session_timeout,
                 request_timeout: cfg.zk_request_timeout.max(Duration::from_millis(100)),
                 resync: cfg.resync_interval.max(Duration::from_secs(1)),
                 concurrency: cfg.zk_concurrency.max(1),
                 digest,
                 roots,
-                client: tokio::sync::Mutex::new(None),
+                filters: Filters::new(cfg),
+                discovery: cfg.dubbo_discovery,
+                clients: Clients::new(cfg.zk_servers.clone(), cfg.zk_session_timeout),
+                carried: std::sync::Mutex::new(Carried::default()),
             }),
         })
     }
@@ -149,6 +161,8 @@ impl Registry for ZookeeperRegistry {
     const NAME: &'static str = "zookeeper";
     const DEFAULT_HOST_SUFFIX: &'static str = "zookeeper";
     const DEFAULT_NAMESPACE: &'static str = "zookeeper";
+    const DEFAULT_VIP_CIDR: mcp_core::vip::VipCidr =
+        mcp_core::vip::VipCidr::range(242, 3, 0, 0, 16);
 
     fn watch(&self) -> BoxStream<'static, Result<RegistryEvent, RegistryError>> {
         let inner = Arc::clone(&self.inner);
@@ -248,52 +262,11 @@ struct Session<'a> {
     /// Problems last sent per scope (only changes are sent again).
     sent_problems: BTreeMap<String, Vec<String>>,
     served: BTreeMap<ServiceKey, Service>,
+    /// Services hidden because the other Dubbo registration serves their endpoints.
+    hidden: BTreeSet<ServiceKey>,
 }
 
 impl Inner {
-    async fn client(&self) -> Result<Client, RegistryError> {
-        let mut guard = self.client.lock().await;
-        if let Some(c) = guard.as_ref() {
-            return Ok(c.clone());
-        }
-        tracing::info!(servers = %self.servers, "Connecting to ZooKeeper.");
-        let connect = ZooKeeper::connect_with_retry_time(
-            &self.servers,
-            self.session_timeout,
-            |ev: WatchedEvent| tracing::debug!(event = ?ev, "ZooKeeper event without a watch."),
-            RETRY_TIME,
-        );
-        let zk = match timeout(CONNECT_WAIT, connect).await {
-            Err(_) => {
-                return Err(RegistryError::Unavailable(format!(
-                    "cannot connect to ZooKeeper at {} within {CONNECT_WAIT:?}",
-                    self.servers
-                )))
-            }
-            Ok(Err(e)) => {
-                return Err(RegistryError::Unavailable(format!(
-                    "cannot connect to ZooKeeper at {}: {e:?}",
-                    self.servers
-                )))
-            }
-            Ok(Ok(zk)) => zk,
-        };
-        let (state_tx, state_rx) = watch::channel((0u64, ZkState::Connecting));
-        zk.add_listener(move |s: ZkState| {
-            tracing::info!(state = ?s, "ZooKeeper connection state changed.");
-            state_tx.send_modify(|v| {
-                v.0 += 1;
-                v.1 = s;
-            });
-        });
-        let client = Client {
-            zk: Arc::new(zk),
-            state: state_rx,
-        };
-        *guard = Some(client.clone());
-        Ok(client)
-    }
-
     /// Runs a ZooKeeper request with the request timeout and classifies its failure.
     async fn op<T>(
         &self,
@@ -356,9 +329,21 @@ impl Inner {
     }
 
     async fn watch(self: Arc<Self>, tx: EventSender) -> Result<(), RegistryError> {
-        let mut client = self.client().await?;
-        self.wait_connected(&mut client).await?;
+        let mut client = self.clients.get().await?;
+        if let Err(e) = self.wait_connected(&mut client).await {
+            if is_terminal(client.state.borrow().1) {
+                self.clients
+                    .discard("no session and the state is terminal")
+                    .await;
+            }
+            return Err(e);
+        }
         let (hint_tx, mut hints) = mpsc::unbounded_channel();
+        let carried = self
+            .carried
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c))
+            .unwrap_or_default();
         let mut s = Session {
             inner: &self,
             zk: Arc::clone(&client.zk),
@@ -368,7 +353,8 @@ impl Inner {
             states: BTreeMap::new(),
             root_problems: BTreeMap::new(),
             sent_problems: BTreeMap::new(),
-            served: BTreeMap::new(),
+            served: carried.served,
+            hidden: carried.hidden,
         };
         let mut seen_gen = client.state.borrow_and_update().0;
         s.full_list(&tx, true).await?;
@@ -392,6 +378,7 @@ impl Inner {
             tokio::select! {
                 changed = client.state.changed() => {
                     if changed.is_err() {
+                        self.clients.discard("its IO task stopped").await;
                         return Err(RegistryError::Unavailable("ZooKeeper client stopped".into()));
                     }
                     let (gen, state) = *client.state.borrow_and_update();
@@ -407,9 +394,16 @@ impl Inner {
                         s.armed.clear();
                         s.full_list(&tx, false).await?;
                     } else if state == ZkState::AuthFailed {
+                        self.clients.discard("ZooKeeper refused the digest credentials").await;
                         return Err(RegistryError::Unauthorized(
                             "ZooKeeper refused the digest credentials".into(),
                         ));
+                    } else if is_terminal(state) {
+                        self.clients.discard("the session was closed").await;
+                        return Err(RegistryError::Unavailable(format!(
+                            "the ZooKeeper session with {} was closed",
+                            self.servers
+                        )));
                     } else if down_since.is_none() {
                         down_since = Some(Instant::now());
                     }
@@ -447,6 +441,16 @@ impl Inner {
                     }
                 }
             }
+        }
+    }
+}
+
+impl Drop for Session<'_> {
+    /// Hands what was served to the next watch (see [`Inner::carried`]).
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.inner.carried.lock() {
+            c.served = std::mem::take(&mut self.served);
+            c.hidden = std::mem::take(&mut self.hidden);
         }
     }
 }
@@ -519,6 +523,7 @@ impl Session<'_> {
         let dirs = names
             .into_iter()
             .filter(|n| !(root == "/" && n == "zookeeper"))
+            .filter(|n| self.inner.filters.services.allows(n))
             .map(|name| Dir {
                 root: root.to_string(),
                 name,
@@ -560,7 +565,12 @@ impl Session<'_> {
             }
             match self.children(&providers_path, &mut newly).await {
                 Ok(p) => {
-                    state.converted = convert_dubbo(&dir.root, &dir.name, &p.unwrap_or_default());
+                    state.converted = convert_dubbo(
+                        &dir.root,
+                        &dir.name,
+                        &p.unwrap_or_default(),
+                        &self.inner.filters,
+                    );
                 }
                 Err(OpError::Fatal(e)) => return Err(e),
                 Err(OpError::Skip(p)) => state.converted.problems.push(p),
@@ -628,8 +638,23 @@ impl Session<'_> {
                 .await
         };
         for (dir, r) in results {
-            let (state, newly) = r?;
+            let (mut state, newly) = r?;
             self.armed.extend(newly);
+            // A Dubbo 3 application with no instance left looks like an empty Curator service;
+            // it is still the same application (for --dubbo-discovery).
+            if state.converted.kind == Kind::Curator
+                && state
+                    .converted
+                    .service
+                    .as_ref()
+                    .is_some_and(|s| s.endpoints.is_empty())
+                && self
+                    .states
+                    .get(&dir)
+                    .is_some_and(|old| old.converted.kind == Kind::Dubbo3Application)
+            {
+                state.converted.kind = Kind::Dubbo3Application;
+            }
             self.states.insert(dir, state);
         }
         Ok(())
@@ -726,30 +751,24 @@ impl Session<'_> {
         reset: bool,
         cleared: Vec<String>,
     ) -> Result<(), RegistryError> {
-        // Assemble: directories in path order; a key produced twice keeps the first.
-        let mut next: BTreeMap<&ServiceKey, &Service> = BTreeMap::new();
-        let mut dup_problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for st in self.states.values() {
-            for s in &st.converted.services {
-                if let Some(first) = next.get(&s.key) {
-                    dup_problems
-                        .entry(st.scope.clone())
-                        .or_default()
-                        .push(format!(
-                            "{}: name {} is already used by {}; skipped",
-                            s.origin, s.key.name, first.origin
-                        ));
-                    continue;
-                }
-                next.insert(&s.key, s);
-            }
-        }
+        let assembled = assemble(
+            self.states
+                .values()
+                .map(|st| (st.scope.as_str(), &st.converted)),
+            self.inner.discovery,
+            &self.served,
+            &self.hidden,
+        );
+        let Assembled {
+            services: next,
+            problems: mut extra,
+            hidden,
+        } = assembled;
         let mut events = Vec::new();
         if reset {
-            self.served = next
-                .into_iter()
-                .map(|(k, s)| (k.clone(), s.clone()))
-                .collect();
+            let all: BTreeMap<ServiceKey, Service> =
+                next.into_iter().map(|(k, s)| (k, s.into_owned())).collect();
+            self.served = all;
         } else {
             for k in self.served.keys() {
                 if !next.contains_key(k) {
@@ -757,8 +776,8 @@ impl Session<'_> {
                 }
             }
             for (k, s) in next {
-                if self.served.get(k) != Some(s) {
-                    events.push(RegistryEvent::Upsert(s.clone()));
+                if self.served.get(&k) != Some(s.as_ref()) {
+                    events.push(RegistryEvent::Upsert(s.into_owned()));
                 }
             }
             for ev in &events {
@@ -773,6 +792,8 @@ impl Session<'_> {
                 }
             }
         }
+        self.hidden = hidden;
+        // Every scope's full list; only the ones that differ from what was sent go out.
         let mut problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for scope in cleared {
             problems.insert(scope, Vec::new());
@@ -781,20 +802,8 @@ impl Session<'_> {
             problems.insert(scope.clone(), p.clone());
         }
         for st in self.states.values() {
-            let dups = dup_problems.remove(&st.scope).unwrap_or_default();
-            let unchanged = !reset
-                && dups.is_empty()
-                && self
-                    .sent_problems
-                    .get(&st.scope)
-                    .map_or(st.converted.problems.is_empty(), |sent| {
-                        *sent == st.converted.problems
-                    });
-            if unchanged {
-                continue;
-            }
             let mut p = st.converted.problems.clone();
-            p.extend(dups);
+            p.extend(extra.remove(&st.scope).unwrap_or_default());
             problems.insert(st.scope.clone(), p);
         }
         for (scope, p) in problems {

@@ -85,6 +85,12 @@ mod tests {
         assert!(!glob_match("web", "web2"));
         assert!(!glob_match("?", ""));
         assert!(!glob_match("Web*", "web"));
+        assert!(glob_match("1.?.0", "1.2.0"));
+        assert!(!glob_match("1.?.0", "1.22.0"));
+        assert!(glob_match("**a", "ba"));
+        assert!(glob_match("a*b*c", "abcbc"));
+        assert!(!glob_match("", "x"));
+        assert!(glob_match("", ""));
     }
 
     #[test]

@@ -38,6 +38,28 @@ pub struct Consul {
     dir: tempfile::TempDir,
     /// Token sent with every request (`root` when ACLs are on).
     pub token: Option<String>,
+    /// HTTPS API address and CA file, when started with [`Consul::start_tls`].
+    pub https: Option<(SocketAddr, PathBuf)>,
+    certs: Option<tempfile::TempDir>,
+}
+
+/// One instance for [`Consul::register_bulk`].
+#[derive(Clone, Debug)]
+pub struct BulkInstance {
+    /// Node (registered with address 10.255.0.1 if new).
+    pub node: String,
+    /// Service name.
+    pub service: String,
+    /// Instance id.
+    pub id: String,
+    /// Instance address.
+    pub address: String,
+    /// Port.
+    pub port: u16,
+    /// `protocol` meta, if any.
+    pub protocol: Option<&'static str>,
+    /// Check status.
+    pub status: &'static str,
 }
 
 impl Consul {
@@ -57,9 +79,100 @@ impl Consul {
             token: hcl
                 .filter(|h| h.contains("initial_management"))
                 .map(|_| "root".to_string()),
+            https: None,
+            certs: None,
         };
         c.spawn();
         c
+    }
+
+    /// Starts an agent that also serves HTTPS, with a CA and a server certificate made by the
+    /// consul binary itself (`consul tls ca create`, `consul tls cert create -server`), valid
+    /// for `localhost` and 127.0.0.1; `hcl` adds configuration.
+    pub fn start_tls(hcl: Option<&str>) -> Consul {
+        let certs_dir = tempfile::tempdir().expect("tempdir");
+        let certs = certs_dir.path().to_path_buf();
+        for args in [
+            &["tls", "ca", "create"][..],
+            &["tls", "cert", "create", "-server", "-dc", "dc1"][..],
+        ] {
+            let out = Command::new(consul_bin())
+                .args(args)
+                .current_dir(&certs)
+                .output()
+                .expect("run consul tls");
+            assert!(
+                out.status.success(),
+                "consul {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let https = free_addr();
+        let f = |n: &str| certs.join(n).display().to_string();
+        let tls = format!(
+            r#"ports {{ https = {} }} tls {{ defaults {{ ca_file = "{}" cert_file = "{}" key_file = "{}" verify_incoming = false }} }} {}"#,
+            https.port(),
+            f("consul-agent-ca.pem"),
+            f("dc1-server-consul-0.pem"),
+            f("dc1-server-consul-0-key.pem"),
+            hcl.unwrap_or("")
+        );
+        let mut c = Consul::start(Some(&tls));
+        c.https = Some((https, certs.join("consul-agent-ca.pem")));
+        c.certs = Some(certs_dir);
+        c
+    }
+
+    /// Registers many instances in few requests (`/v1/txn`, 128 operations each): thousands of
+    /// instances in seconds instead of one request each.
+    pub fn register_bulk(&self, instances: &[BulkInstance]) {
+        let mut ops: Vec<serde_json::Value> = Vec::new();
+        let mut nodes: Vec<&str> = instances.iter().map(|i| i.node.as_str()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        for n in nodes {
+            ops.push(serde_json::json!({"Node": {"Verb": "set", "Node": {"Node": n, "Address": "10.255.0.1"}}}));
+        }
+        for i in instances {
+            let meta: serde_json::Map<String, serde_json::Value> = i
+                .protocol
+                .map(|p| ("protocol".to_string(), serde_json::Value::from(p)))
+                .into_iter()
+                .collect();
+            ops.push(serde_json::json!({"Service": {"Verb": "set", "Node": i.node, "Service": {
+                "ID": i.id, "Service": i.service, "Address": i.address, "Port": i.port, "Meta": meta,
+            }}}));
+            ops.push(serde_json::json!({"Check": {"Verb": "set", "Check": {
+                "Node": i.node, "CheckID": format!("{}-check", i.id), "Name": i.id,
+                "Status": i.status, "ServiceID": i.id,
+            }}}));
+        }
+        // Nodes first, then instances from four threads (the agent applies transactions one
+        // at a time, but overlapping requests hide the round trips).
+        let node_ops = ops.iter().take_while(|o| o.get("Node").is_some()).count();
+        let (nodes, rest) = ops.split_at(node_ops);
+        for chunk in nodes.chunks(128) {
+            self.must(
+                "PUT",
+                "/v1/txn",
+                &serde_json::Value::from(chunk.to_vec()).to_string(),
+            );
+        }
+        // Pairs (service, check) stay in one transaction: 128 operations = 64 instances.
+        let chunks: Vec<&[serde_json::Value]> = rest.chunks(128).collect();
+        std::thread::scope(|scope| {
+            for part in chunks.chunks(chunks.len().div_ceil(4).max(1)) {
+                scope.spawn(move || {
+                    for chunk in part {
+                        self.must(
+                            "PUT",
+                            "/v1/txn",
+                            &serde_json::Value::from(chunk.to_vec()).to_string(),
+                        );
+                    }
+                });
+            }
+        });
     }
 
     fn spawn(&mut self) {

@@ -1,7 +1,7 @@
 //! A real ZooKeeper server (Debian package `zookeeper`, installed by
-//! `scripts/install-zookeeper.sh`) on a free loopback port, and `zk-writer` (a helper binary of
-//! adapter-zookeeper that holds one session and writes znodes as told, so that tests can create
-//! ephemeral nodes that live as long as the writer).
+//! `scripts/install-zookeeper.sh`) on a free loopback port, and `zk-writer` (an example of
+//! adapter-zookeeper, so that it is never shipped, that holds one session and writes znodes as
+//! told, so that tests can create ephemeral nodes that live as long as the writer).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use crate::{free_addr, wait_for, workspace_bin, Adapter};
+use crate::{free_addr, target_dir, wait_for, Adapter};
 
 const JARS: [&str; 3] = [
     "/usr/share/java/zookeeper.jar",
@@ -143,6 +143,18 @@ pub fn four_letter(addr: SocketAddr, cmd: &str) -> std::io::Result<String> {
     Ok(out)
 }
 
+/// `target/<profile>/examples/zk-writer`: a test tool, built as an example of adapter-zookeeper
+/// (`cargo build -p adapter-zookeeper --examples`; `cargo test --workspace` builds it too).
+pub fn writer_bin() -> std::path::PathBuf {
+    let p = target_dir().join("examples").join("zk-writer");
+    assert!(
+        p.exists(),
+        "{} not built: run `cargo build -p adapter-zookeeper --examples` first",
+        p.display()
+    );
+    p
+}
+
 /// A `zk-writer` process holding one session, killed on drop (its ephemeral nodes then vanish
 /// once the server notices, or at once with [`Writer::expire`]).
 pub struct Writer {
@@ -154,19 +166,27 @@ pub struct Writer {
 impl Writer {
     /// Starts a writer connected to `zk`.
     pub fn start(zk: &ZooKeeper) -> Writer {
-        let mut child = Command::new(workspace_bin("zk-writer"))
+        let mut child = Command::new(writer_bin())
             .arg(zk.servers())
             .env("RUST_LOG", "off")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // It installs no log subscriber: stderr only ever holds why it exited.
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn zk-writer");
         let stdin = child.stdin.take().expect("stdin");
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();
         stdout.read_line(&mut line).expect("zk-writer ready");
-        assert_eq!(line.trim(), "ready", "zk-writer did not start");
+        if line.trim() != "ready" {
+            let mut why = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut why);
+            }
+            let _ = child.wait();
+            panic!("zk-writer did not start ({}): {why}", zk.servers());
+        }
         Writer {
             child,
             stdin,

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use e2e::consul::Consul;
+use std::time::Instant;
+
+use e2e::consul::{BulkInstance, Consul};
 use e2e::{find, item_names, mcpctl_get, wait_for, Adapter};
 
 const NEEDS: &str =
@@ -14,6 +16,81 @@ fn adapter(consul: &Consul, extra: &[&str], env: &[(&str, &str)]) -> Adapter {
     let mut args = vec!["--consul-addr", addr.as_str(), "--coalesce", "0"];
     args.extend_from_slice(extra);
     Adapter::start_with_env("adapter-consul", &args, env)
+}
+
+/// The adapter with nothing but the Consul address: the defaults users get.
+fn adapter_defaults(consul: &Consul, env: &[(&str, &str)]) -> Adapter {
+    let addr = consul.addr();
+    Adapter::start_with_env("adapter-consul", &["--consul-addr", addr.as_str()], env)
+}
+
+/// Sum of a metric's samples on /metrics (0 when absent).
+fn metric(a: &Adapter, name: &str) -> f64 {
+    a.get("/metrics")
+        .1
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// Steady state with nothing changing in Consul, observed for `window`: no registry errors,
+/// ready, registry healthy, and not one new snapshot (nothing is re-listed or re-pushed).
+fn assert_steady(a: &Adapter, window: Duration) {
+    let snapshots = metric(a, "mcp_adapter_snapshots_total");
+    assert!(snapshots > 0.0, "no snapshot yet");
+    let end = Instant::now() + window;
+    while Instant::now() < end {
+        assert_eq!(
+            metric(a, "mcp_adapter_registry_errors_total"),
+            0.0,
+            "registry errors in steady state; log:\n{}",
+            tail(&a.log())
+        );
+        let (status, body) = a.get("/readyz");
+        assert_eq!(status, 200, "/readyz in steady state: {body}");
+        assert_eq!(
+            metric(a, "mcp_adapter_snapshots_total"),
+            snapshots,
+            "a snapshot was built while nothing changed; log:\n{}",
+            tail(&a.log())
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// The node of instance `i` of service `s` in [`bulk`]: spread over many nodes, as in a real
+/// cluster (Consul's per-node bookkeeping makes thousands of services on one node slow to
+/// register).
+fn node_of(s: usize, i: usize) -> String {
+    format!("node-{}-{i}", s % 100)
+}
+
+/// `services` services of `per` passing instances each, named `svc-<n>`, port 8080, HTTP.
+fn bulk(services: usize, per: usize) -> Vec<BulkInstance> {
+    let mut out = Vec::with_capacity(services * per);
+    for s in 0..services {
+        for i in 0..per {
+            out.push(BulkInstance {
+                node: node_of(s, i),
+                service: format!("svc-{s}"),
+                id: format!("svc-{s}-{i}"),
+                address: format!("10.{}.{}.{}", s / 250, s % 250, i + 1),
+                port: 8080,
+                protocol: Some("http"),
+                status: "passing",
+            });
+        }
+    }
+    out
 }
 
 fn until(
@@ -160,16 +237,21 @@ fn consul_restart_keeps_last_state_and_recovers_with_an_index_reset() {
     until("web served", &xds, |i| find(i, "web").is_some());
 
     consul.kill();
-    wait_for(
+    // Registry health is /registryz; /readyz stays 200: the last good state is worth serving.
+    let body = wait_for(
         Duration::from_secs(20),
-        "readyz 503 during the outage",
+        "registryz 503 during the outage",
         || {
-            let (s, body) = a.get("/readyz");
+            let (s, body) = a.get("/registryz");
             (s == 503).then_some(body)
         },
     );
-    let (_, body) = a.get("/readyz");
-    assert!(body.contains("last good state"), "{body}");
+    assert!(body.contains("consul"), "{body}");
+    assert_eq!(
+        a.get("/readyz").0,
+        200,
+        "ready: the last good state is served"
+    );
     // The last good state is still served, to new sinks too.
     assert!(find(&mcpctl_get(&xds), "web").is_some());
     let metrics = a.get("/metrics").1;
@@ -204,7 +286,9 @@ fn consul_restart_keeps_last_state_and_recovers_with_an_index_reset() {
         find(&items, "api").expect("api")["spec"]["ports"][0]["protocol"],
         "GRPC"
     );
-    a.wait_ready();
+    wait_for(Duration::from_secs(20), "registryz 200 again", || {
+        (a.get("/registryz").0 == 200).then_some(())
+    });
     // And it keeps watching after the index reset.
     consul.register(
         "n9",
@@ -235,10 +319,11 @@ fn acl_tokens_without_and_with_rights() {
         &[],
         &[("CONSUL_HTTP_TOKEN", "00000000-0000-0000-0000-000000000000")],
     );
-    let body = wait_for(Duration::from_secs(20), "ACL error on /readyz", || {
-        let (s, body) = bad.get("/readyz");
+    let body = wait_for(Duration::from_secs(20), "ACL error on /registryz", || {
+        let (s, body) = bad.get("/registryz");
         (s == 503 && body.contains("ACL")).then_some(body)
     });
+    assert_eq!(bad.get("/readyz").0, 503, "never synced: not ready");
     assert!(body.contains("403"), "{body}");
     assert!(
         !bad.log().contains("00000000-0000-0000-0000-000000000000"),
@@ -278,44 +363,209 @@ fn acl_tokens_without_and_with_rights() {
         &[],
     );
     good.wait_ready();
-    let items = until("web with a token", &format!("xds://{}", good.grpc), |i| {
-        find(i, "web").is_some()
-    });
+    let good_xds = format!("xds://{}", good.grpc);
+    let items = until("web with a token", &good_xds, |i| find(i, "web").is_some());
     assert_eq!(addresses(find(&items, "web").expect("web")), ["10.0.0.1"]);
+
+    // Rotation: a new token is written to the file and the old one deleted. The adapter picks
+    // the new one up without a restart (the old one would now get 403).
+    let tok2 = consul.must(
+        "PUT",
+        "/v1/acl/token",
+        r#"{"Description":"mcp adapter, rotated","Policies":[{"Name":"mcp-read"}]}"#,
+    );
+    let tok2: serde_json::Value = serde_json::from_str(&tok2).expect("token JSON");
+    std::fs::write(&file, tok2["SecretID"].as_str().expect("secret")).expect("rewrite");
+    let old = tok["AccessorID"].as_str().expect("accessor");
+    consul.must("DELETE", &format!("/v1/acl/token/{old}"), "");
+    consul.register("n2", "api", "api-1", "10.0.0.2", 9090, &[], &[], "passing");
+    until("api with the rotated token", &good_xds, |i| {
+        find(i, "api").is_some()
+    });
+    assert_eq!(
+        metric(&good, "mcp_adapter_registry_errors_total"),
+        0.0,
+        "the deleted token was used: {}",
+        tail(&good.log())
+    );
+    assert!(!good
+        .log()
+        .contains(tok2["SecretID"].as_str().expect("secret")));
+}
+
+/// HTTPS to Consul configured the way the consul CLI is: `CONSUL_HTTP_SSL` on a bare address,
+/// `CONSUL_CAPATH` or `CONSUL_CACERT` for the CA, `CONSUL_HTTP_SSL_VERIFY=false` to skip checks.
+#[test]
+#[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
+fn https_with_the_consul_cli_environment() {
+    let consul = Consul::start_tls(None);
+    consul.register("n1", "web", "web-1", "10.0.0.1", 8080, &[], &[], "passing");
+    let (https, ca) = consul.https.clone().expect("https");
+    let capath = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(&ca, capath.path().join("ca.pem")).expect("copy CA");
+    let bare = format!("127.0.0.1:{}", https.port());
+    let localhost = format!("https://localhost:{}", https.port());
+    let ca = ca.to_str().expect("utf8").to_string();
+    let capath = capath.path().to_str().expect("utf8").to_string();
+    let cases: [(&str, Vec<(&str, &str)>); 3] = [
+        (
+            "CONSUL_HTTP_SSL + CONSUL_CAPATH on a bare address",
+            vec![
+                ("CONSUL_HTTP_ADDR", bare.as_str()),
+                ("CONSUL_HTTP_SSL", "true"),
+                ("CONSUL_CAPATH", capath.as_str()),
+            ],
+        ),
+        (
+            "https:// + CONSUL_CACERT",
+            vec![
+                ("CONSUL_HTTP_ADDR", localhost.as_str()),
+                ("CONSUL_CACERT", ca.as_str()),
+            ],
+        ),
+        (
+            "CONSUL_HTTP_SSL_VERIFY=false without a CA",
+            vec![
+                ("CONSUL_HTTP_ADDR", bare.as_str()),
+                ("CONSUL_HTTP_SSL", "1"),
+                ("CONSUL_HTTP_SSL_VERIFY", "false"),
+            ],
+        ),
+    ];
+    for (what, env) in &cases {
+        let a = Adapter::start_with_env("adapter-consul", &[], env);
+        let items = wait_for(Duration::from_secs(20), what, || {
+            let items = mcpctl_get(&format!("xds://{}", a.grpc));
+            find(&items, "web").is_some().then_some(items)
+        });
+        assert_eq!(
+            addresses(find(&items, "web").expect("web")),
+            ["10.0.0.1"],
+            "{what}"
+        );
+        assert_eq!(a.get("/registryz").0, 200, "{what}: {}", tail(&a.log()));
+    }
+
+    // Without the CA the certificate is refused, and the adapter says so.
+    let a = Adapter::start_with_env(
+        "adapter-consul",
+        &[],
+        &[
+            ("CONSUL_HTTP_ADDR", bare.as_str()),
+            ("CONSUL_HTTP_SSL", "true"),
+        ],
+    );
+    // (Before the first attempt /registryz is 503 for another reason: wait for this one.)
+    wait_for(
+        Duration::from_secs(20),
+        "registryz 503 naming the certificate",
+        || {
+            let (s, body) = a.get("/registryz");
+            (s == 503 && body.to_lowercase().contains("certificate")).then_some(body)
+        },
+    );
+    assert_eq!(a.get("/readyz").0, 503, "never synced");
 }
 
 #[test]
 #[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
 fn five_hundred_services_of_ten_instances() {
     let consul = Consul::start(None);
-    for s in 0..500 {
-        for i in 0..10 {
-            let id = format!("svc-{s}-{i}");
-            let addr = format!("10.{}.{}.{}", s / 250, s % 250, i + 1);
-            consul.register(
-                &format!("node-{i}"),
-                &format!("svc-{s}"),
-                &id,
-                &addr,
-                8080,
-                &[],
-                &[("protocol", "http")],
-                "passing",
-            );
-        }
-    }
-    let a = adapter(
-        &consul,
-        &["--consul-concurrency", "64", "--exclude-service", "consul"],
-        &[],
-    );
+    consul.register_bulk(&bulk(500, 10));
+    let a = adapter_defaults(&consul, &[]);
     a.wait_ready();
     let xds = format!("xds://{}", a.grpc);
-    let items = until("500 services", &xds, |i| i.len() == 500);
-    assert!(items.iter().all(|i| addresses(i).len() == 10));
-    // A change still arrives promptly with 500 blocking queries open.
-    consul.set_check("node-3", "svc-250-3", "critical");
+    let items = until("500 services", &xds, |i| {
+        i.iter().filter(|i| is_svc(i)).count() == 500
+    });
+    assert!(items
+        .iter()
+        .filter(|i| is_svc(i))
+        .all(|i| addresses(i).len() == 10));
+    assert_steady(&a, Duration::from_secs(4));
+    // A change still arrives promptly.
+    consul.set_check(&node_of(250, 3), "svc-250-3", "critical");
     until("change among 500", &xds, |i| {
         find(i, "svc-250").is_some_and(|w| addresses(w).len() == 9)
     });
+    assert_steady(&a, Duration::from_secs(3));
+}
+
+fn is_svc(item: &serde_json::Value) -> bool {
+    item["metadata"]["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("svc-"))
+}
+
+/// 5,000 services against a stock agent (default `limits.http_max_conns_per_client` = 200):
+/// one connection per service would be refused with HTTP 429 past 200.
+#[test]
+#[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
+fn five_thousand_services_on_a_stock_agent() {
+    const N: usize = 5000;
+    let consul = Consul::start(None);
+    let t = Instant::now();
+    consul.register_bulk(&bulk(N, 2));
+    eprintln!("registered {N} services x 2 instances in {:?}", t.elapsed());
+    let started = Instant::now();
+    let a = adapter_defaults(&consul, &[]);
+    let xds = format!("xds://{}", a.grpc);
+    wait_for(Duration::from_secs(60), "5,000 services served", || {
+        (metric(&a, "mcp_adapter_resources") >= N as f64).then_some(())
+    });
+    let first_sync = started.elapsed();
+    let items = mcpctl_get(&xds);
+    assert_eq!(items.iter().filter(|i| is_svc(i)).count(), N);
+    assert!(items
+        .iter()
+        .filter(|i| is_svc(i))
+        .all(|i| addresses(i).len() == 2));
+    eprintln!("first full sync of {N} services: {first_sync:?}");
+    assert_steady(&a, Duration::from_secs(4));
+
+    // Change latency: a check goes critical; measured until a new snapshot is built, then the
+    // content is checked.
+    let mut latencies = Vec::new();
+    for (k, status) in [(17, "critical"), (4242, "critical"), (17, "passing")] {
+        let before = metric(&a, "mcp_adapter_snapshots_total");
+        let t = Instant::now();
+        consul.set_check(&node_of(k, 1), &format!("svc-{k}-1"), status);
+        wait_for(
+            Duration::from_secs(20),
+            "a snapshot after the change",
+            || (metric(&a, "mcp_adapter_snapshots_total") > before).then_some(()),
+        );
+        latencies.push(t.elapsed());
+        let want = if status == "critical" { 1 } else { 2 };
+        let items = mcpctl_get(&xds);
+        let svc = find(&items, &format!("svc-{k}")).expect("served");
+        assert_eq!(addresses(svc).len(), want, "{svc}");
+    }
+    eprintln!("health change latency at {N} services: {latencies:?}");
+
+    // A registration (the catalog changed: every service's own index is compared).
+    let before = metric(&a, "mcp_adapter_snapshots_total");
+    let t = Instant::now();
+    consul.register(
+        "node-0",
+        "svc-99",
+        "svc-99-new",
+        "10.99.99.99",
+        8080,
+        &[],
+        &[("protocol", "http")],
+        "passing",
+    );
+    wait_for(
+        Duration::from_secs(30),
+        "a snapshot after the registration",
+        || (metric(&a, "mcp_adapter_snapshots_total") > before).then_some(()),
+    );
+    eprintln!(
+        "registration change latency at {N} services: {:?}",
+        t.elapsed()
+    );
+    let items = mcpctl_get(&xds);
+    assert_eq!(addresses(find(&items, "svc-99").expect("svc-99")).len(), 3);
+    assert_steady(&a, Duration::from_secs(3));
 }

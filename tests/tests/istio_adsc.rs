@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use e2e::{item, Adapter, Adsc, IstioVersion};
+use e2e::{item, wait_for, Adapter, Adsc, IstioVersion};
 
 const SHOP: &str = r#"
 apiVersion: networking.istio.io/v1
@@ -130,9 +130,18 @@ fn scenario(version: IstioVersion) {
         3,
         "shop.yaml's last good content is still served: {items:?}"
     );
-    let debug = adapter.debug();
-    let problems = debug["problems"].to_string();
-    assert!(problems.contains("shop.yaml"), "{problems}");
+    // The parse error is reported once the broken content has settled (adapter-file's
+    // --settle-time: a half-written file is not believed at once).
+    wait_for(
+        Duration::from_secs(10),
+        "shop.yaml's problem reported",
+        || {
+            adapter.debug()["problems"]
+                .to_string()
+                .contains("shop.yaml")
+                .then_some(())
+        },
+    );
 
     // Deletion: the file's ServiceEntries leave istio's store.
     std::fs::remove_file(&shop).expect("delete");

@@ -1,6 +1,8 @@
 //! adapter-zookeeper against a real ZooKeeper server (Debian's package, installed by
 //! scripts/install-zookeeper.sh), observed through mcpctl as a sink sees it. Znodes are written
-//! by `zk-writer`, which holds a session so that ephemeral nodes live as long as it does.
+//! by `zk-writer` (an example of adapter-zookeeper), which holds a session so that ephemeral
+//! nodes live as long as it does. The adapter runs with its default flags (`--coalesce` too)
+//! unless a test is about a flag.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +11,7 @@ use e2e::{find, http_get, item_names, mcpctl_get, wait_for, Adapter};
 
 fn adapter(zk: &ZooKeeper, extra: &[&str]) -> Adapter {
     let servers = zk.servers();
-    let mut args = vec!["--zk-servers", servers.as_str(), "--coalesce", "0"];
+    let mut args = vec!["--zk-servers", servers.as_str()];
     args.extend_from_slice(extra);
     Adapter::start_with_env("adapter-zookeeper", &args, &[])
 }
@@ -23,6 +25,10 @@ fn until(
         let items = mcpctl_get(xds);
         pred(&items).then_some(items)
     })
+}
+
+fn endpoint_count(item: &serde_json::Value) -> usize {
+    item["spec"]["endpoints"].as_array().map_or(0, Vec::len)
 }
 
 fn addresses(item: &serde_json::Value) -> Vec<String> {
@@ -108,7 +114,8 @@ fn follows_dubbo_providers() {
         })
     });
 
-    // A version/group of the same interface is its own service; a disabled provider is left out.
+    // Another version and group of the same interface: the same service, told apart by
+    // endpoint labels (DestinationRule subsets); a disabled provider is left out.
     w.create_e(
         &provider_path(
             GREETER,
@@ -128,27 +135,268 @@ fn follows_dubbo_providers() {
         ),
         "",
     );
-    let items = until("versioned service", &xds, |i| i.len() == 2);
-    let v = items
-        .iter()
-        .find(|i| i["metadata"]["name"] != GREETER)
-        .expect("versioned");
-    let name = v["metadata"]["name"].as_str().expect("name");
-    assert!(
-        name.starts_with("com.example.greeter-1-0-0-blue-"),
-        "{name}"
-    );
-    assert_eq!(addresses(v), ["10.0.0.3"]);
+    let items = until("versioned provider joins the interface", &xds, |i| {
+        find(i, GREETER).is_some_and(|g| addresses(g).contains(&"10.0.0.3".to_string()))
+    });
+    assert_eq!(items.len(), 1, "one ServiceEntry per interface: {items:?}");
+    let g = find(&items, GREETER).expect("greeter");
+    assert_eq!(addresses(g), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+    let blue = g["spec"]["endpoints"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["address"] == "10.0.0.3"))
+        .expect("blue endpoint");
+    assert_eq!(blue["labels"]["version"], "1.0.0");
+    assert_eq!(blue["labels"]["group"], "blue");
 
-    // Removed: the last provider of the plain service leaves, the service goes.
+    // Removed: the last providers leave while the interface's `providers` directory stays:
+    // the service stays, with no endpoints (the core's default `--on-empty keep`).
     w.delete(&p1);
     w.delete(&p2b);
-    until("greeter removed", &xds, |i| {
-        find(i, GREETER).is_none() && i.len() == 1
+    until("greeter down to the blue provider", &xds, |i| {
+        find(i, GREETER).is_some_and(|g| addresses(g) == ["10.0.0.3"])
     });
     // The writer's session ends: its ephemeral providers vanish.
     w.expire();
-    until("all removed", &xds, |i| i.is_empty());
+    let items = until("greeter kept with no endpoints", &xds, |i| {
+        find(i, GREETER).is_some_and(|g| endpoint_count(g) == 0)
+    });
+    assert_eq!(items.len(), 1, "{items:?}");
+}
+
+/// Aeraki-style hosts: the interface lower-cased, version as an endpoint label, so a version
+/// bump keeps the host; a hash only where two interfaces map to one host, reported.
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn dubbo_hosts_are_the_interface_and_survive_version_bumps() {
+    const ORDER: &str = "com.example.OrderService";
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    let v1 = provider_path(
+        ORDER,
+        &dubbo_url("10.5.0.1", 20880, ORDER, "&version=1.0.0"),
+    );
+    w.create_e(&v1, "");
+    let a = adapter(&zk, &[]);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    let items = until("order service served", &xds, |i| {
+        find(i, "com.example.orderservice").is_some()
+    });
+    assert_eq!(item_names(&items), ["zookeeper/com.example.orderservice"]);
+    let o = find(&items, "com.example.orderservice").expect("order");
+    assert_eq!(o["spec"]["hosts"][0], "com.example.orderservice.zookeeper");
+    assert_eq!(o["spec"]["endpoints"][0]["labels"]["version"], "1.0.0");
+
+    // Version bump: the provider re-registers; same host, new label.
+    w.delete(&v1);
+    w.create_e(
+        &provider_path(
+            ORDER,
+            &dubbo_url("10.5.0.1", 20880, ORDER, "&version=1.0.1"),
+        ),
+        "",
+    );
+    let items = until("version bumped in place", &xds, |i| {
+        find(i, "com.example.orderservice")
+            .is_some_and(|o| o["spec"]["endpoints"][0]["labels"]["version"] == "1.0.1")
+    });
+    assert_eq!(items.len(), 1, "{items:?}");
+
+    // Another interface mapping to the same host: it gets a hash, and a problem names both.
+    const SHOUTY: &str = "com.example.ORDERSERVICE";
+    w.create_e(
+        &provider_path(SHOUTY, &dubbo_url("10.5.0.9", 20880, SHOUTY, "")),
+        "",
+    );
+    let items = until("colliding interface served", &xds, |i| i.len() == 2);
+    let o = find(&items, "com.example.orderservice").expect("kept its host");
+    assert_eq!(addresses(o), ["10.5.0.1"]);
+    let hashed = items
+        .iter()
+        .find(|i| i["metadata"]["name"] != "com.example.orderservice")
+        .expect("hashed");
+    let name = hashed["metadata"]["name"].as_str().expect("name");
+    assert!(name.starts_with("com.example.orderservice-"), "{name}");
+    assert_eq!(addresses(hashed), ["10.5.0.9"]);
+    wait_for(Duration::from_secs(20), "collision problem", || {
+        let p = a.debug()["problems"].to_string();
+        (p.contains(ORDER) && p.contains(SHOUTY) && p.contains(name)).then_some(())
+    });
+}
+
+/// Dubbo 3 registers a provider at interface and application level by default: served once.
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn dubbo3_dual_registration_is_served_once() {
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    const API: &str = "org.apache.dubbo.samples.api.GreetingsService";
+    let app_instance = |ip: &str| {
+        format!(
+            r#"{{"name":"first-dubbo-provider","id":"{ip}:20880","address":"{ip}","port":20880,"payload":{{"@class":"org.apache.dubbo.registry.zookeeper.ZookeeperInstance","metadata":{{"dubbo.endpoints":"[{{\"port\":20880,\"protocol\":\"dubbo\"}}]","dubbo.metadata.revision":"871fbc9cb2730caea9b0d858852d5ede"}}}},"serviceType":"DYNAMIC"}}"#
+        )
+    };
+    // 10.6.0.1 registers at both levels; 10.6.0.2 only at application level.
+    w.create_e(
+        &provider_path(
+            API,
+            &dubbo_url("10.6.0.1", 20880, API, "")
+                .replace("application=demo", "application=first-dubbo-provider"),
+        ),
+        "",
+    );
+    w.create_e(
+        "/services/first-dubbo-provider/10.6.0.1:20880",
+        &app_instance("10.6.0.1"),
+    );
+    let a = adapter(&zk, &[]);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    let items = until("interface served", &xds, |i| {
+        find(i, "org.apache.dubbo.samples.api.greetingsservice").is_some()
+    });
+    assert!(
+        find(&items, "first-dubbo-provider").is_none(),
+        "the application-level registration of the same endpoint is not served: {items:?}"
+    );
+    // An instance registered at application level only is served there.
+    w.create_e(
+        "/services/first-dubbo-provider/10.6.0.2:20880",
+        &app_instance("10.6.0.2"),
+    );
+    let items = until("application-only instance", &xds, |i| {
+        find(i, "first-dubbo-provider").is_some()
+    });
+    assert_eq!(
+        addresses(find(&items, "first-dubbo-provider").expect("app")),
+        ["10.6.0.2"]
+    );
+    drop(a);
+
+    // `--dubbo-discovery both` serves both registrations.
+    let both = adapter(&zk, &["--dubbo-discovery", "both"]);
+    both.wait_ready();
+    let xds = format!("xds://{}", both.grpc);
+    until("both levels", &xds, |i| {
+        find(i, "first-dubbo-provider").is_some_and(|s| addresses(s).len() == 2)
+            && find(i, "org.apache.dubbo.samples.api.greetingsservice").is_some()
+    });
+}
+
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn filters_select_services_groups_and_versions() {
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    for (iface, ip, extra) in [
+        (
+            "com.example.OrderService",
+            "10.7.0.1",
+            "&version=1.0.0&group=blue",
+        ),
+        (
+            "com.example.OrderService",
+            "10.7.0.2",
+            "&version=2.0.0&group=blue",
+        ),
+        (
+            "com.example.OrderService",
+            "10.7.0.3",
+            "&version=1.0.0&group=green",
+        ),
+        ("com.example.InternalAdmin", "10.7.0.4", ""),
+        ("org.other.Api", "10.7.0.5", ""),
+    ] {
+        w.create_e(
+            &provider_path(iface, &dubbo_url(ip, 20880, iface, extra)),
+            "",
+        );
+    }
+    w.create_e(
+        "/services/web/1",
+        r#"{"name":"web","address":"10.7.1.1","port":80}"#,
+    );
+    let a = adapter(
+        &zk,
+        &[
+            "--service",
+            "com.example.*,web",
+            "--exclude-service",
+            "*Internal*",
+            "--dubbo-group",
+            "blue",
+            "--exclude-dubbo-version",
+            "2.*",
+        ],
+    );
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    let items = until("filtered services", &xds, |i| i.len() == 2);
+    assert_eq!(
+        item_names(&items),
+        ["zookeeper/com.example.orderservice", "zookeeper/web"]
+    );
+    assert_eq!(
+        addresses(find(&items, "com.example.orderservice").expect("order")),
+        ["10.7.0.1"]
+    );
+    // A new provider that the filters let through arrives; one they do not, does not.
+    w.create_e(
+        &provider_path(
+            "com.example.OrderService",
+            &dubbo_url(
+                "10.7.0.6",
+                20880,
+                "com.example.OrderService",
+                "&version=1.1.0&group=blue",
+            ),
+        ),
+        "",
+    );
+    w.create_e(
+        &provider_path(
+            "com.example.OrderService",
+            &dubbo_url(
+                "10.7.0.7",
+                20880,
+                "com.example.OrderService",
+                "&version=2.1.0&group=blue",
+            ),
+        ),
+        "",
+    );
+    until("allowed provider added", &xds, |i| {
+        find(i, "com.example.orderservice")
+            .is_some_and(|o| addresses(o) == ["10.7.0.1", "10.7.0.6"])
+    });
+}
+
+/// One ensemble member whose name does not resolve (a StatefulSet pod not created yet) must not
+/// keep the adapter from the members that do.
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn unresolvable_ensemble_member_does_not_stop_the_others() {
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    w.create_e(
+        &provider_path(GREETER, &dubbo_url("10.8.0.1", 20880, GREETER, "")),
+        "",
+    );
+    let servers = format!("zk-2.no-such-host.invalid:2181,{}", zk.servers());
+    let a = Adapter::start_with_env(
+        "adapter-zookeeper",
+        &["--zk-servers", servers.as_str()],
+        &[],
+    );
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("served through the member that resolves", &xds, |i| {
+        find(i, GREETER).is_some()
+    });
+    assert!(
+        a.log().contains("does not resolve"),
+        "the unresolvable member is reported"
+    );
 }
 
 #[test]
@@ -200,14 +448,19 @@ fn follows_curator_and_dubbo3_instances() {
                 && s["spec"]["endpoints"][0]["labels"]["zone"] == "b"
         })
     });
-    // Spring marks it OUT_OF_SERVICE: left out (no instances left: the service goes).
+    // Spring marks it OUT_OF_SERVICE: left out. No instance left, but the service directory
+    // stays: the service stays with no endpoints and keeps its port (default `--on-empty keep`).
     w.set(
         "/services/waiter-service/b1fdcb1e",
         &spring("10.1.0.1", 9090, "OUT_OF_SERVICE", "b"),
     );
-    until("out of service", &xds, |i| {
-        find(i, "waiter-service").is_none()
+    let items = until("out of service", &xds, |i| {
+        find(i, "waiter-service").is_some_and(|s| endpoint_count(s) == 0)
     });
+    assert_eq!(
+        find(&items, "waiter-service").expect("kept")["spec"]["ports"][0]["name"],
+        "http-9090"
+    );
     w.set(
         "/services/waiter-service/b1fdcb1e",
         &spring("10.1.0.1", 9090, "UP", "b"),
@@ -310,11 +563,18 @@ fn survives_server_restart_serving_last_good_state() {
     until("greeter served", &xds, |i| find(i, GREETER).is_some());
 
     zk.kill();
+    // The registry is unhealthy, but the adapter has a state worth serving: still ready.
     wait_for(
         Duration::from_secs(20),
-        "/readyz 503 while ZooKeeper is down",
-        || http_get(a.admin, "/readyz").ok().filter(|(s, _)| *s == 503),
+        "/registryz 503 while ZooKeeper is down",
+        || {
+            http_get(a.admin, "/registryz")
+                .ok()
+                .filter(|(s, _)| *s == 503)
+        },
     );
+    let (ready, _) = http_get(a.admin, "/readyz").expect("/readyz");
+    assert_eq!(ready, 200, "/readyz stays 200 while ZooKeeper is down");
     let items = mcpctl_get(&xds);
     assert!(
         find(&items, GREETER).is_some(),
@@ -322,7 +582,11 @@ fn survives_server_restart_serving_last_good_state() {
     );
     std::thread::sleep(Duration::from_secs(2));
     zk.restart();
-    a.wait_ready();
+    wait_for(Duration::from_secs(20), "/registryz 200 again", || {
+        http_get(a.admin, "/registryz")
+            .ok()
+            .filter(|(s, _)| *s == 200)
+    });
     // The writer's own client reconnects too; the next change must arrive.
     w.retry(&format!(
         "create {} ",
@@ -413,7 +677,12 @@ fn digest_auth_survives_reconnects() {
     anon.wait_ready();
     let xds = format!("xds://{}", anon.grpc);
     let items = until("open served", &xds, |i| find(i, "open").is_some());
-    assert!(find(&items, "secret").is_none());
+    // Its directory exists, its one instance cannot be read: served with no endpoints.
+    assert_eq!(
+        find(&items, "secret").map(endpoint_count),
+        Some(0),
+        "{items:?}"
+    );
     wait_for(Duration::from_secs(20), "NoAuth problem", || {
         let p = anon.debug()["problems"].to_string();
         (p.contains("/services/secret/1") && p.contains("NoAuth")).then_some(())
@@ -423,13 +692,13 @@ fn digest_auth_survives_reconnects() {
     let servers = zk.servers();
     let a = Adapter::start_with_env(
         "adapter-zookeeper",
-        &["--zk-servers", servers.as_str(), "--coalesce", "0"],
+        &["--zk-servers", servers.as_str()],
         &[("ZK_DIGEST", "mesh:s3cret")],
     );
     a.wait_ready();
     let xds = format!("xds://{}", a.grpc);
     until("secret served with credentials", &xds, |i| {
-        find(i, "secret").is_some() && find(i, "open").is_some()
+        find(i, "secret").is_some_and(|s| endpoint_count(s) == 1) && find(i, "open").is_some()
     });
     assert!(!a.log().contains("s3cret"), "credentials logged");
 
@@ -460,7 +729,7 @@ fn thousand_providers_over_hundred_interfaces() {
     let servers = zk.servers();
     let a = Adapter::start_with_env(
         "adapter-zookeeper",
-        &["--zk-servers", servers.as_str(), "--coalesce", "0"],
+        &["--zk-servers", servers.as_str()],
         &[(
             "RUST_LOG",
             std::env::var("ZK_E2E_LOG").as_deref().unwrap_or("info"),

@@ -1,5 +1,6 @@
-//! `zk-writer`: a test helper that holds one ZooKeeper session open and writes znodes as told on
-//! stdin, one command a line, answering `ok` or `err <reason>` on stdout for each:
+//! `zk-writer`: a test tool (an example of this crate, so never shipped with the adapter) that
+//! holds one ZooKeeper session open and writes znodes as told on stdin, one command a line,
+//! answering `ok` or `err <reason>` on stdout for each:
 //!
 //! * `create PATH DATA` / `create-e PATH DATA`: persistent / ephemeral node (missing parents are
 //!   created persistent; an existing node gets DATA);
@@ -82,16 +83,23 @@ fn main() -> anyhow::Result<()> {
             |_: WatchedEvent| {},
         ))
         .map_err(|e| anyhow::anyhow!("connect: {e:?}"))?;
+    // A request fails at once (ConnectionLoss) until the session is up, which on a loaded
+    // machine can take a while after the server answers `ruok`: retry for a bounded time, with
+    // a pause, instead of a fixed number of attempts.
     let ok = rt.block_on(async {
-        for _ in 0..100 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
             if tokio::time::timeout(Duration::from_secs(1), zk.exists("/", false))
                 .await
                 .is_ok_and(|r| r.is_ok())
             {
                 return true;
             }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        false
     });
     anyhow::ensure!(ok, "no ZooKeeper session with {servers}");
     let mut out = std::io::stdout().lock();

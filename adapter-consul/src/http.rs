@@ -1,0 +1,212 @@
+//! The HTTP client to Consul, built from the TLS settings and rebuilt when a TLS file changes
+//! (certificate rotation without a restart).
+//!
+//! The connection pool keeps at most `max_conns` idle connections: Consul's agent refuses more
+//! than `limits.http_max_conns_per_client` (default 200) open connections from one address, and
+//! idle keep-alive connections count too. The callers bound the requests in flight.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::secret::FileStamp;
+
+/// How often the TLS files are checked for changes (a `stat` each; requests between checks use
+/// the current client).
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Why the HTTP client cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// A TLS file is missing or unreadable.
+    #[error("reading {what} {path}: {source}")]
+    Read {
+        /// Which setting.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A TLS file does not hold what it should.
+    #[error("{what} {path}: {message}")]
+    Invalid {
+        /// Which setting.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// reqwest refused the settings.
+    #[error("HTTP client: {0}")]
+    Build(String),
+}
+
+/// What the HTTP client is built from.
+#[derive(Clone, Debug, Default)]
+pub struct HttpSettings {
+    /// CA bundle (PEM).
+    pub ca: Option<PathBuf>,
+    /// Directory of CA certificates (PEM files).
+    pub capath: Option<PathBuf>,
+    /// Client certificate and key (PEM).
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// Verify the server's certificate.
+    pub verify: bool,
+    /// Resolve this name to this address (verify a server name while connecting to an IP).
+    pub resolve: Option<(String, SocketAddr)>,
+    /// Idle connections kept.
+    pub max_conns: usize,
+}
+
+impl HttpSettings {
+    /// Every file the client depends on, with its current stamp.
+    fn stamps(&self) -> Vec<(PathBuf, Option<FileStamp>)> {
+        let mut files: Vec<PathBuf> = Vec::new();
+        files.extend(self.ca.iter().cloned());
+        if let Some((c, k)) = &self.identity {
+            files.push(c.clone());
+            files.push(k.clone());
+        }
+        if let Some(dir) = &self.capath {
+            files.push(dir.clone());
+            files.extend(pem_files(dir));
+        }
+        files
+            .into_iter()
+            .map(|f| {
+                let s = FileStamp::of(&f);
+                (f, s)
+            })
+            .collect()
+    }
+
+    /// Builds a client from the files as they are now.
+    pub fn build(&self) -> Result<reqwest::Client, HttpError> {
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .pool_max_idle_per_host(self.max_conns)
+            .tcp_keepalive(Duration::from_secs(60));
+        let mut cas: Vec<PathBuf> = self.ca.iter().cloned().collect();
+        if let Some(dir) = &self.capath {
+            // Reading the directory itself must work; its files are the CAs.
+            std::fs::read_dir(dir).map_err(|source| HttpError::Read {
+                what: "CA directory",
+                path: dir.clone(),
+                source,
+            })?;
+            cas.extend(pem_files(dir));
+        }
+        for ca in &cas {
+            let pem = read(ca, "CA")?;
+            let certs =
+                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| HttpError::Invalid {
+                    what: "CA",
+                    path: ca.clone(),
+                    message: e.to_string(),
+                })?;
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        if let Some((cert, key)) = &self.identity {
+            let mut pem = read(cert, "client certificate")?;
+            pem.push(b'\n');
+            pem.extend(read(key, "client key")?);
+            let id = reqwest::Identity::from_pem(&pem).map_err(|e| HttpError::Invalid {
+                what: "client certificate",
+                path: cert.clone(),
+                message: e.to_string(),
+            })?;
+            b = b.identity(id);
+        }
+        if !self.verify {
+            b = b.danger_accept_invalid_certs(true);
+        }
+        if let Some((name, addr)) = &self.resolve {
+            b = b.resolve(name, *addr);
+        }
+        b.build().map_err(|e| HttpError::Build(e.to_string()))
+    }
+}
+
+fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, HttpError> {
+    std::fs::read(path).map_err(|source| HttpError::Read {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The regular files of a CA directory, sorted (hidden files and subdirectories skipped, as
+/// Kubernetes volumes keep their versions in `..data` directories).
+fn pem_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// A client that follows its TLS files.
+#[derive(Debug)]
+pub struct ReloadingClient {
+    settings: HttpSettings,
+    current: Mutex<Current>,
+}
+
+#[derive(Debug)]
+struct Current {
+    client: reqwest::Client,
+    stamps: Vec<(PathBuf, Option<FileStamp>)>,
+    checked: Instant,
+}
+
+impl ReloadingClient {
+    /// Builds the first client; fails when the files are unusable now.
+    pub fn new(settings: HttpSettings) -> Result<Self, HttpError> {
+        let stamps = settings.stamps();
+        let client = settings.build()?;
+        Ok(Self {
+            settings,
+            current: Mutex::new(Current {
+                client,
+                stamps,
+                checked: Instant::now(),
+            }),
+        })
+    }
+
+    /// The client to use now: rebuilt first if a TLS file changed since it was built. A file
+    /// that is mid-rotation (unreadable or invalid) keeps the previous client and is tried
+    /// again at the next check.
+    pub fn get(&self) -> reqwest::Client {
+        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if cur.checked.elapsed() >= CHECK_EVERY {
+            cur.checked = Instant::now();
+            let stamps = self.settings.stamps();
+            if stamps != cur.stamps {
+                match self.settings.build() {
+                    Ok(client) => {
+                        tracing::info!("Consul TLS files changed; new connections use them.");
+                        cur.client = client;
+                        cur.stamps = stamps;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "Consul TLS files changed but cannot be used yet; keeping the previous ones.");
+                    }
+                }
+            }
+        }
+        cur.client.clone()
+    }
+}

@@ -1,0 +1,228 @@
+//! The blocking-query loops that say *that* something changed in Consul, and the pacing rules
+//! they and the per-service retries follow.
+//!
+//! Three queries stay open: the catalog's service list (registrations, tags), the checks that are
+//! not passing (health changes), and every node (node addresses; a filter that matches nothing
+//! makes that answer `[]` plus the index). A health change names its services (the list of
+//! unhealthy checks differs); for the others [`crate::registry`] finds *which* services changed
+//! by their own index.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::client::{CheckState, ConsulClient, ConsulError, Indexed};
+
+/// Rate limit of one blocking-query loop (Consul's advice): a burst of [`BURST`] queries, then
+/// one per [`REFILL`]. An isolated change is seen at once; a Consul that changes all the time
+/// is polled every 50 ms instead of spun on.
+const BURST: u32 = 3;
+const REFILL: Duration = Duration::from_millis(50);
+
+/// Token bucket for one loop.
+#[derive(Debug)]
+pub struct RateLimit {
+    tokens: u32,
+    last: tokio::time::Instant,
+}
+
+impl Default for RateLimit {
+    fn default() -> Self {
+        Self {
+            tokens: BURST,
+            last: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl RateLimit {
+    /// Waits until a query may be sent.
+    pub async fn acquire(&mut self) {
+        let now = tokio::time::Instant::now();
+        let earned = (now.duration_since(self.last).as_millis() / REFILL.as_millis()) as u32;
+        if earned > 0 {
+            self.tokens = (self.tokens + earned).min(BURST);
+            self.last = now;
+        }
+        if self.tokens == 0 {
+            tokio::time::sleep_until(self.last + REFILL).await;
+            self.last += REFILL;
+            self.tokens = 1;
+        }
+        self.tokens -= 1;
+    }
+}
+
+/// Consul's index rules for one blocking query: the index to send next and whether the answer
+/// may carry a change. An index that went backwards (snapshot restore, a restarted dev agent)
+/// resets: 0, raised to 1 by the sanity rule, so the next query returns at once with the
+/// current state and a fresh index.
+pub fn next_index(previous: u64, returned: u64) -> (u64, bool) {
+    let returned = returned.max(1);
+    if returned < previous {
+        (1, true)
+    } else {
+        (returned, returned != previous)
+    }
+}
+
+/// Per-service retry delays: doubling from [`Backoff::FIRST`] up to [`Backoff::MAX`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// Failures in a row.
+    pub failures: u32,
+}
+
+impl Backoff {
+    /// Delay after the first failure.
+    pub const FIRST: Duration = Duration::from_millis(500);
+    /// Longest delay.
+    pub const MAX: Duration = Duration::from_secs(30);
+
+    /// The delay before the next try, after one more failure.
+    pub fn fail(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let factor = 1u32 << self.failures.saturating_sub(1).min(10);
+        (Self::FIRST * factor).min(Self::MAX)
+    }
+}
+
+/// What a change watch reports.
+#[derive(Debug)]
+pub enum Signal {
+    /// The catalog's service list, after it changed.
+    Catalog(Indexed<BTreeMap<String, Vec<String>>>),
+    /// The checks that are not passing, after the checks changed.
+    Checks {
+        /// The checks now.
+        unhealthy: Vec<CheckState>,
+        /// The index went backwards.
+        reset: bool,
+    },
+    /// Something of the kind changed (the index moved); `reset` when it went backwards.
+    Changed {
+        /// Which watch.
+        what: &'static str,
+        /// The index went backwards: every per-service index is suspect.
+        reset: bool,
+    },
+    /// The watch failed: Consul is unreachable or refuses us.
+    Failed(ConsulError),
+}
+
+/// Which index a loop follows.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    /// `/v1/catalog/services`.
+    Catalog,
+    /// `/v1/health/state/any`.
+    Checks,
+    /// `/v1/catalog/nodes`.
+    Nodes,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Catalog => "catalog",
+            Kind::Checks => "checks",
+            Kind::Nodes => "nodes",
+        }
+    }
+}
+
+/// Follows one index from `index` and reports each change until `tx` closes or a query fails.
+pub async fn run(client: ConsulClient, kind: Kind, mut index: u64, tx: mpsc::Sender<Signal>) {
+    let mut limit = RateLimit::default();
+    loop {
+        limit.acquire().await;
+        let answer = match kind {
+            Kind::Catalog => client
+                .services(Some(index))
+                .await
+                .map(|c| (c.index, Some(Signal::Catalog(c)))),
+            Kind::Checks => client.unhealthy_checks(Some(index)).await.map(|c| {
+                let signal = Signal::Checks {
+                    unhealthy: c.value,
+                    reset: c.index < index,
+                };
+                (c.index, Some(signal))
+            }),
+            Kind::Nodes => client.nodes_index(Some(index)).await.map(|i| (i, None)),
+        };
+        let (returned, signal) = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = tx.send(Signal::Failed(e)).await;
+                return;
+            }
+        };
+        tracing::debug!(
+            watch = kind.name(),
+            index = returned,
+            "Consul answered a blocking query."
+        );
+        let reset = returned < index;
+        let (next, changed) = next_index(index, returned);
+        index = next;
+        if !changed {
+            continue;
+        }
+        let signal = signal.unwrap_or(Signal::Changed {
+            what: kind.name(),
+            reset,
+        });
+        if tx.send(signal).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limit_allows_a_burst_then_one_per_refill() {
+        let mut l = RateLimit::default();
+        let t0 = tokio::time::Instant::now();
+        for _ in 0..BURST {
+            l.acquire().await;
+        }
+        assert_eq!(t0.elapsed(), Duration::ZERO, "a burst goes at once");
+        l.acquire().await;
+        assert_eq!(t0.elapsed(), REFILL);
+        l.acquire().await;
+        assert_eq!(t0.elapsed(), REFILL * 2);
+        tokio::time::sleep(REFILL * 10).await;
+        let t1 = tokio::time::Instant::now();
+        l.acquire().await;
+        assert_eq!(t1.elapsed(), Duration::ZERO, "refilled after a quiet spell");
+    }
+
+    #[test]
+    fn index_rules() {
+        assert_eq!(next_index(10, 10), (10, false), "a return without a change");
+        assert_eq!(next_index(10, 12), (12, true));
+        assert_eq!(
+            next_index(10, 3),
+            (1, true),
+            "backwards: reset to 0, which the sanity rule makes 1"
+        );
+        assert_eq!(next_index(1, 7), (7, true));
+        assert_eq!(next_index(1, 0), (1, false), "0 counts as 1: still blocks");
+        assert_eq!(next_index(5, 0), (1, true), "0 after 5 is a reset");
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_a_cap() {
+        let mut b = Backoff { failures: 0 };
+        assert_eq!(b.fail(), Backoff::FIRST);
+        assert_eq!(b.fail(), Backoff::FIRST * 2);
+        for _ in 0..20 {
+            b.fail();
+        }
+        assert_eq!(b.fail(), Backoff::MAX);
+    }
+}

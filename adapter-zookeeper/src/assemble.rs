@@ -1,0 +1,405 @@
+//! Everything the directories' services need from each other before they are served:
+//!
+//! * two Dubbo interfaces whose names map to one host (`com.foo.Api`, `com.foo.API`): one keeps
+//!   it (the one already served under it, so a newcomer never renames a served service; else
+//!   the one spelled like the host; else the one registered first; else the first in byte
+//!   order), the others get their hashed name, and each renamed one is reported naming both;
+//! * a Dubbo 3 provider registered at interface and application level (`--dubbo-discovery`):
+//!   endpoints (address and port) served by the preferred level are left out of the other, and
+//!   a service all of whose endpoints are served elsewhere is hidden (and stays hidden while it
+//!   is empty, so that a provider shutting down does not make its other registration appear);
+//! * one name produced by two directories (the same service under two roots): the first in
+//!   path order wins, the other is reported;
+//! * a service whose last endpoint went keeps the ports it had, so that its host does not
+//!   change shape while it is empty (the core decides whether an empty service stays).
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+
+use mcp_core::{Host, Service, ServiceKey};
+
+use crate::config::DubboDiscovery;
+use crate::convert::{Converted, Kind, INTERFACE_ANNOTATION};
+use crate::naming::dubbo_hashed_name;
+
+/// What is served, and the problems found while assembling, per directory scope.
+#[derive(Debug, Default)]
+pub struct Assembled<'a> {
+    /// The services to serve.
+    pub services: BTreeMap<ServiceKey, Cow<'a, Service>>,
+    /// Problems per scope, in addition to the directories' own.
+    pub problems: BTreeMap<String, Vec<String>>,
+    /// Services hidden because another registration serves all their endpoints.
+    pub hidden: BTreeSet<ServiceKey>,
+}
+
+/// One directory's contribution.
+struct Candidate<'a> {
+    scope: &'a str,
+    kind: Kind,
+    service: Cow<'a, Service>,
+}
+
+/// `(address, port)` pairs an endpoint is reached on.
+fn endpoint_addrs(s: &Service) -> impl Iterator<Item = (usize, (&str, u32))> + '_ {
+    s.endpoints.iter().enumerate().flat_map(move |(i, e)| {
+        s.ports.iter().map(move |p| {
+            let port = e.ports.get(&p.name).copied().unwrap_or(p.number);
+            (i, (e.address.as_str(), port))
+        })
+    })
+}
+
+/// Assembles the directories (in path order) into what is served.
+///
+/// `previous` is what was served before (for the ports of services that became empty) and
+/// `hidden` what was hidden before.
+pub fn assemble<'a>(
+    dirs: impl IntoIterator<Item = (&'a str, &'a Converted)>,
+    discovery: DubboDiscovery,
+    previous: &BTreeMap<ServiceKey, Service>,
+    hidden: &BTreeSet<ServiceKey>,
+) -> Assembled<'a> {
+    let mut out = Assembled::default();
+    let mut cands: Vec<Candidate<'a>> = dirs
+        .into_iter()
+        .filter_map(|(scope, c)| {
+            c.service.as_ref().map(|s| Candidate {
+                scope,
+                kind: c.kind,
+                service: Cow::Borrowed(s),
+            })
+        })
+        .collect();
+
+    rename_colliding_interfaces(&mut cands, previous, &mut out.problems);
+    dedupe_dual_registration(&mut cands, discovery, hidden, &mut out.hidden);
+
+    for c in cands {
+        if out.hidden.contains(&c.service.key) {
+            continue;
+        }
+        if let Some(first) = out.services.get(&c.service.key) {
+            out.problems
+                .entry(c.scope.to_string())
+                .or_default()
+                .push(format!(
+                    "{}: name {} is already used by {}; skipped",
+                    c.service.origin, c.service.key.name, first.origin
+                ));
+            continue;
+        }
+        let mut service = c.service;
+        if service.endpoints.is_empty() && service.ports.is_empty() {
+            if let Some(before) = previous.get(&service.key) {
+                if !before.ports.is_empty() {
+                    service.to_mut().ports = before.ports.clone();
+                }
+            }
+        }
+        out.services.insert(service.key.clone(), service);
+    }
+    out
+}
+
+/// Gives every Dubbo interface but one of those sharing a name its hashed name.
+fn rename_colliding_interfaces(
+    cands: &mut [Candidate<'_>],
+    previous: &BTreeMap<ServiceKey, Service>,
+    problems: &mut BTreeMap<String, Vec<String>>,
+) {
+    let mut by_name: BTreeMap<String, Vec<(String, usize)>> = BTreeMap::new();
+    for (i, c) in cands.iter().enumerate() {
+        if c.kind != Kind::DubboInterface {
+            continue;
+        }
+        if let Some(iface) = c.service.annotations.get(INTERFACE_ANNOTATION) {
+            by_name
+                .entry(c.service.key.name.clone())
+                .or_default()
+                .push((iface.clone(), i));
+        }
+    }
+    for (name, mut members) in by_name {
+        members.sort();
+        members.dedup_by(|a, b| a.0 == b.0);
+        if members.len() < 2 {
+            continue;
+        }
+        let served_before = previous
+            .get(&ServiceKey::new(name.clone()))
+            .and_then(|s| s.annotations.get(INTERFACE_ANNOTATION));
+        let keeper = members
+            .iter()
+            .position(|(iface, _)| Some(iface) == served_before)
+            .or_else(|| members.iter().position(|(iface, _)| *iface == name))
+            .unwrap_or_else(|| {
+                // Registered first (providers' `timestamp`), then byte order: `min_by_key`
+                // keeps the first of equals, and members are sorted.
+                members
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, (_, i))| {
+                        let t = cands[*i].service.create_time;
+                        (t.is_none(), t)
+                    })
+                    .map_or(0, |(j, _)| j)
+            });
+        let kept = members[keeper].0.clone();
+        for (j, (iface, i)) in members.iter().enumerate() {
+            if j == keeper {
+                continue;
+            }
+            let hashed = dubbo_hashed_name(iface);
+            let c = &mut cands[*i];
+            problems.entry(c.scope.to_string()).or_default().push(format!(
+                "{}: interfaces {kept} and {iface} both map to host {name}; {iface} is served as {hashed}",
+                c.service.origin
+            ));
+            let s = c.service.to_mut();
+            s.key = ServiceKey::new(hashed.clone());
+            s.hosts = vec![Host::Relative(hashed)];
+        }
+    }
+}
+
+/// Leaves endpoints registered at both Dubbo levels out of the level not preferred.
+fn dedupe_dual_registration(
+    cands: &mut [Candidate<'_>],
+    discovery: DubboDiscovery,
+    was_hidden: &BTreeSet<ServiceKey>,
+    hidden: &mut BTreeSet<ServiceKey>,
+) {
+    let (preferred, other) = match discovery {
+        DubboDiscovery::Both => return,
+        DubboDiscovery::Interface => (Kind::DubboInterface, Kind::Dubbo3Application),
+        DubboDiscovery::Application => (Kind::Dubbo3Application, Kind::DubboInterface),
+    };
+    // Most registries hold one level only: nothing to compare, nothing to allocate.
+    if !cands.iter().any(|c| c.kind == other) {
+        return;
+    }
+    let served: BTreeSet<(String, u32)> = cands
+        .iter()
+        .filter(|c| c.kind == preferred)
+        .flat_map(|c| endpoint_addrs(&c.service).map(|(_, (a, p))| (a.to_string(), p)))
+        .collect();
+    for c in cands.iter_mut().filter(|c| c.kind == other) {
+        if c.service.endpoints.is_empty() {
+            if was_hidden.contains(&c.service.key) {
+                hidden.insert(c.service.key.clone());
+            }
+            continue;
+        }
+        let covered: BTreeSet<usize> = endpoint_addrs(&c.service)
+            .filter(|(_, (a, p))| served.contains(&((*a).to_string(), *p)))
+            .map(|(i, _)| i)
+            .collect();
+        if covered.is_empty() {
+            continue;
+        }
+        if covered.len() == c.service.endpoints.len() {
+            tracing::debug!(
+                service = %c.service.key.name,
+                "Every endpoint is served by the preferred Dubbo registration; not serving this one."
+            );
+            hidden.insert(c.service.key.clone());
+            continue;
+        }
+        let s = c.service.to_mut();
+        let mut i = 0;
+        s.endpoints.retain(|_| {
+            let keep = !covered.contains(&i);
+            i += 1;
+            keep
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcp_core::{Endpoint, Port};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn svc(name: &str, kind: Kind, iface: &str, eps: &[(&str, u32)]) -> Converted {
+        let mut s = Service::new(ServiceKey::new(name), format!("zookeeper /x/{iface}"));
+        if kind == Kind::DubboInterface {
+            s.annotations
+                .insert(INTERFACE_ANNOTATION.into(), iface.to_string());
+        }
+        let mut ports: Vec<u32> = eps.iter().map(|e| e.1).collect();
+        ports.sort();
+        ports.dedup();
+        s.ports = ports
+            .iter()
+            .map(|p| Port {
+                number: *p,
+                name: format!("tcp-{p}"),
+                protocol: Some("TCP".into()),
+                target_port: None,
+            })
+            .collect();
+        s.endpoints = eps
+            .iter()
+            .map(|(a, _)| Endpoint {
+                address: (*a).to_string(),
+                ports: BTreeMap::new(),
+                labels: BTreeMap::new(),
+                network: None,
+                locality: None,
+                weight: None,
+                service_account: None,
+            })
+            .collect();
+        Converted {
+            service: Some(s),
+            problems: vec![],
+            kind,
+        }
+    }
+
+    fn names(a: &Assembled<'_>) -> Vec<String> {
+        a.services.keys().map(|k| k.name.clone()).collect()
+    }
+
+    #[test]
+    fn colliding_interfaces_get_hashes_and_a_problem_naming_both() {
+        let a = svc("com.foo.api", Kind::DubboInterface, "com.foo.API", &[]);
+        let b = svc("com.foo.api", Kind::DubboInterface, "com.foo.Api", &[]);
+        let c = svc("com.foo.api", Kind::DubboInterface, "com.foo.api", &[]);
+        let none = (BTreeMap::new(), BTreeSet::new());
+        let out = assemble(
+            [("s1", &a), ("s2", &b), ("s3", &c)],
+            DubboDiscovery::Interface,
+            &none.0,
+            &none.1,
+        );
+        let mut want = vec![
+            "com.foo.api".to_string(),
+            dubbo_hashed_name("com.foo.API"),
+            dubbo_hashed_name("com.foo.Api"),
+        ];
+        want.sort();
+        assert_eq!(names(&out), want);
+        let p = &out.problems["s1"][0];
+        assert!(
+            p.contains("interfaces com.foo.api and com.foo.API both map to host com.foo.api"),
+            "{p}"
+        );
+        assert!(
+            !out.problems.contains_key("s3"),
+            "the exact spelling keeps the name"
+        );
+        // Without an exact spelling the first in byte order keeps it.
+        let out = assemble(
+            [("s1", &a), ("s2", &b)],
+            DubboDiscovery::Interface,
+            &none.0,
+            &none.1,
+        );
+        assert!(out.services.contains_key(&ServiceKey::new("com.foo.api")));
+        assert!(out.problems["s2"][0].contains("com.foo.API and com.foo.Api"));
+        // What is served keeps its name when a newcomer arrives, whatever the spelling.
+        let served: BTreeMap<ServiceKey, Service> = [(
+            ServiceKey::new("com.foo.api"),
+            b.service.clone().expect("service"),
+        )]
+        .into();
+        let out = assemble(
+            [("s1", &a), ("s2", &b), ("s3", &c)],
+            DubboDiscovery::Interface,
+            &served,
+            &none.1,
+        );
+        assert!(out.problems.contains_key("s1") && out.problems.contains_key("s3"));
+        assert!(!out.problems.contains_key("s2"), "{:?}", out.problems);
+        // Else the one registered first.
+        let mut older = svc("com.foo.api", Kind::DubboInterface, "com.foo.Api", &[]);
+        if let Some(s) = older.service.as_mut() {
+            s.create_time = Some(UNIX_EPOCH + Duration::from_secs(1000));
+        }
+        let out = assemble(
+            [("s1", &a), ("s2", &older)],
+            DubboDiscovery::Interface,
+            &none.0,
+            &none.1,
+        );
+        assert!(out.problems.contains_key("s1") && !out.problems.contains_key("s2"));
+        // A lone interface keeps the plain name.
+        let out = assemble([("s2", &b)], DubboDiscovery::Interface, &none.0, &none.1);
+        assert_eq!(names(&out), ["com.foo.api"]);
+        assert!(out.problems.is_empty());
+    }
+
+    #[test]
+    fn dual_registration_is_served_once() {
+        let iface = svc(
+            "com.foo.api",
+            Kind::DubboInterface,
+            "com.foo.Api",
+            &[("10.0.0.1", 20880), ("10.0.0.2", 20880)],
+        );
+        let both = svc(
+            "app",
+            Kind::Dubbo3Application,
+            "",
+            &[("10.0.0.1", 20880), ("10.0.0.2", 20880)],
+        );
+        let partly = svc(
+            "app2",
+            Kind::Dubbo3Application,
+            "",
+            &[("10.0.0.1", 20880), ("10.0.0.9", 20880)],
+        );
+        let dirs = [("i", &iface), ("a", &both), ("b", &partly)];
+        let none = (BTreeMap::new(), BTreeSet::new());
+        let out = assemble(dirs, DubboDiscovery::Interface, &none.0, &none.1);
+        assert_eq!(names(&out), ["app2", "com.foo.api"]);
+        assert_eq!(out.hidden, [ServiceKey::new("app")].into());
+        let app2 = &out.services[&ServiceKey::new("app2")];
+        assert_eq!(app2.endpoints.len(), 1);
+        assert_eq!(app2.endpoints[0].address, "10.0.0.9");
+
+        let out = assemble(dirs, DubboDiscovery::Application, &none.0, &none.1);
+        assert_eq!(names(&out), ["app", "app2"]);
+        assert_eq!(out.hidden, [ServiceKey::new("com.foo.api")].into());
+
+        let out = assemble(dirs, DubboDiscovery::Both, &none.0, &none.1);
+        assert_eq!(names(&out).len(), 3);
+
+        // The provider shuts down: its hidden registration stays hidden while empty.
+        let empty = svc("app", Kind::Dubbo3Application, "", &[]);
+        let iface_empty = svc("com.foo.api", Kind::DubboInterface, "com.foo.Api", &[]);
+        let hidden: BTreeSet<ServiceKey> = [ServiceKey::new("app")].into();
+        let out = assemble(
+            [("i", &iface_empty), ("a", &empty)],
+            DubboDiscovery::Interface,
+            &none.0,
+            &hidden,
+        );
+        assert_eq!(names(&out), ["com.foo.api"]);
+    }
+
+    #[test]
+    fn empty_services_keep_their_ports_and_duplicates_are_reported() {
+        let full = svc("web", Kind::Curator, "", &[("10.0.0.1", 8080)]);
+        let before: BTreeMap<ServiceKey, Service> = [(
+            ServiceKey::new("web"),
+            full.service.clone().expect("service"),
+        )]
+        .into();
+        let empty = svc("web", Kind::Curator, "", &[]);
+        let other = svc("web", Kind::Curator, "", &[("10.0.0.2", 80)]);
+        let out = assemble(
+            [("s1", &empty), ("s2", &other)],
+            DubboDiscovery::Interface,
+            &before,
+            &BTreeSet::new(),
+        );
+        let web = &out.services[&ServiceKey::new("web")];
+        assert!(web.endpoints.is_empty());
+        assert_eq!(web.ports[0].number, 8080);
+        assert!(out.problems["s2"][0].contains("already used"));
+    }
+}
