@@ -13,7 +13,7 @@ const NEEDS: &str =
 
 fn adapter(consul: &Consul, extra: &[&str], env: &[(&str, &str)]) -> Adapter {
     let addr = consul.addr();
-    let mut args = vec!["--consul-addr", addr.as_str(), "--coalesce", "0"];
+    let mut args = vec!["--consul-addr", addr.as_str()];
     args.extend_from_slice(extra);
     Adapter::start_with_env("adapter-consul", &args, env)
 }
