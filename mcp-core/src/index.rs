@@ -363,15 +363,7 @@ mod tests {
 
     fn mk_index_with(on_empty: OnEmpty) -> Index {
         Index::new(
-            TranslateConfig {
-                namespace: "ns".into(),
-                host_suffix: "example".into(),
-                export_to: vec![],
-                registry: "test".into(),
-                source: "test".into(),
-                on_empty,
-                vip_cidr: crate::vip::VipCidr::Off,
-            },
+            crate::translate::test_config(on_empty, crate::vip::VipCidr::Off),
             Metrics::new("test").expect("metrics"),
         )
     }
@@ -380,15 +372,7 @@ mod tests {
     fn tcp_services_without_address_get_a_stable_virtual_ip() {
         let mk = |cidr: crate::vip::VipCidr| {
             Index::new(
-                TranslateConfig {
-                    namespace: "ns".into(),
-                    host_suffix: "example".into(),
-                    export_to: vec![],
-                    registry: "test".into(),
-                    source: "test".into(),
-                    on_empty: OnEmpty::Keep,
-                    vip_cidr: cidr,
-                },
+                crate::translate::test_config(OnEmpty::Keep, cidr),
                 Metrics::new("test").expect("metrics"),
             )
         };

@@ -125,19 +125,10 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::registry::RegistryEvent;
     use crate::testing::mk_service;
-    use crate::translate::TranslateConfig;
 
     fn snapshot() -> Arc<Snapshot> {
         let mut idx = Index::new(
-            TranslateConfig {
-                namespace: "ns".into(),
-                host_suffix: "example".into(),
-                export_to: vec![],
-                registry: "test".into(),
-                source: "test".into(),
-                on_empty: crate::cli::OnEmpty::Keep,
-                vip_cidr: crate::vip::VipCidr::Off,
-            },
+            crate::translate::test_config(crate::cli::OnEmpty::Keep, crate::vip::VipCidr::Off),
             Metrics::new("test").expect("metrics"),
         );
         idx.apply(RegistryEvent::Reset(vec![

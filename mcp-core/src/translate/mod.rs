@@ -42,6 +42,20 @@ pub struct TranslateConfig {
     pub vip_cidr: VipCidr,
 }
 
+/// Settings for unit tests: namespace `ns`, suffix `example`.
+#[cfg(test)]
+pub(crate) fn test_config(on_empty: OnEmpty, vip_cidr: VipCidr) -> TranslateConfig {
+    TranslateConfig {
+        namespace: "ns".into(),
+        host_suffix: "example".into(),
+        export_to: vec![],
+        registry: "test".into(),
+        source: "test".into(),
+        on_empty,
+        vip_cidr,
+    }
+}
+
 /// A validated ServiceEntry with its MCP metadata, ready to encode.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Translated {
