@@ -31,7 +31,8 @@ use crate::client::{CheckState, ConsulClient, ConsulError, Indexed};
 use crate::config::{ConsulConfig, MAX_CONCURRENCY};
 use crate::convert::{convert, ConvertSettings, HealthEntry};
 use crate::watch::{self, Backoff, Kind, Signal};
-use mcp_core::filter::glob_match;
+use mcp_core::filter::NameFilter;
+use mcp_core::problems::ProblemLedger;
 
 /// Why the adapter cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -54,12 +55,11 @@ pub struct ConsulRegistry {
 struct Inner {
     client: ConsulClient,
     settings: ConvertSettings,
-    include: Vec<String>,
-    exclude: Vec<String>,
+    filter: NameFilter,
     concurrency: usize,
-    /// Services with problems reported, across watches: a re-list clears those of services
+    /// Problems reported per service, across watches: a re-list clears those of services
     /// that vanished meanwhile.
-    reported: Mutex<BTreeSet<String>>,
+    reported: Mutex<ProblemLedger>,
     /// The last good state of every served service, across watches: a service that cannot be
     /// read during a re-list keeps it.
     last_good: Mutex<HashMap<String, Service>>,
@@ -78,8 +78,7 @@ impl ConsulRegistry {
             inner: Arc::new(Inner {
                 client: ConsulClient::new(cfg, token)?,
                 settings: ConvertSettings::new(cfg).map_err(ConfigError::Convert)?,
-                include: cfg.services.clone(),
-                exclude: cfg.exclude_services.clone(),
+                filter: NameFilter::new(cfg.services.clone(), cfg.exclude_services.clone()),
                 concurrency: cfg.concurrency.clamp(1, MAX_CONCURRENCY),
                 reported: Default::default(),
                 last_good: Default::default(),
@@ -124,10 +123,18 @@ enum Looked {
 
 impl Inner {
     fn wanted(&self, name: &str) -> bool {
-        (self.include.is_empty() || self.include.iter().any(|p| glob_match(p, name)))
-            && !self.exclude.iter().any(|p| glob_match(p, name))
+        self.filter.allows(name)
     }
+}
 
+/// Scopes of per-service problems start with this.
+const SCOPE_PREFIX: &str = "consul service ";
+
+fn problem_scope(name: &str) -> String {
+    format!("{SCOPE_PREFIX}{name}")
+}
+
+impl Inner {
     /// Sends a service's problems when it has some, or had some before (to clear them).
     async fn report(
         &self,
@@ -135,21 +142,13 @@ impl Inner {
         name: &str,
         problems: Vec<String>,
     ) -> Result<(), RegistryError> {
-        let send = {
-            let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
-            if problems.is_empty() {
-                reported.remove(name)
-            } else {
-                reported.insert(name.to_string());
-                true
-            }
-        };
-        if send {
-            tx.send(RegistryEvent::Problems {
-                scope: format!("consul service {name}"),
-                problems,
-            })
-            .await?;
+        let event = self
+            .reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .update(&problem_scope(name), problems);
+        if let Some(event) = event {
+            tx.send(event).await?;
         }
         Ok(())
     }
@@ -432,9 +431,10 @@ impl Inner {
         let stale: Vec<String> = {
             let reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
             reported
-                .iter()
+                .scopes()
+                .filter_map(|s| s.strip_prefix(SCOPE_PREFIX))
                 .filter(|n| !known.contains_key(*n))
-                .cloned()
+                .map(str::to_string)
                 .collect()
         };
         for name in stale {

@@ -10,10 +10,9 @@
 //! Files are atomic: a file with any bad document keeps serving its last good services and is
 //! reported under its path in a `Problems` event until it is fixed or deleted.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use futures::stream::BoxStream;
 use mcp_core::model::Service;
+use mcp_core::problems::ProblemLedger;
 use mcp_core::registry::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent};
 use mcp_core::vip::VipCidr;
 use tracing::{debug, info, warn};
@@ -65,7 +64,7 @@ async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryE
     let scan_patience = config.read_timeout.saturating_mul(2);
     let mut scanner = Scanner::new(config.paths, limits);
     let mut sent_services: Option<Vec<Service>> = None;
-    let mut sent_problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut sent_problems = ProblemLedger::new();
     loop {
         // File I/O blocks; keep it off the async worker threads.
         let mut task = tokio::task::spawn_blocking(move || {
@@ -91,12 +90,9 @@ async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryE
                          directory listing is blocked; serving the last good content",
                         scan_patience.as_secs_f64()
                     );
-                    sent_problems.insert(SCAN_SCOPE.to_owned(), vec![problem.clone()]);
-                    tx.send(RegistryEvent::Problems {
-                        scope: SCAN_SCOPE.to_owned(),
-                        problems: vec![problem],
-                    })
-                    .await?;
+                    if let Some(event) = sent_problems.update(SCAN_SCOPE, vec![problem]) {
+                        tx.send(event).await?;
+                    }
                 }
                 Err(_) => {}
             }
@@ -110,34 +106,17 @@ async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryE
                 tx.send(RegistryEvent::Reset(services.clone())).await?;
                 sent_services = Some(services);
             }
-            send_problems(&tx, &sent_problems, &problems).await?;
-            sent_problems = problems;
+            for event in sent_problems.replace_all(problems) {
+                if let RegistryEvent::Problems { scope, problems } = &event {
+                    if problems.is_empty() {
+                        info!(scope = %scope, "Problems cleared.");
+                    }
+                }
+                tx.send(event).await?;
+            }
         }
         tokio::time::sleep(config.poll_interval).await;
     }
-}
-
-/// Sends a `Problems` event for every scope whose problems differ from what was sent.
-async fn send_problems(
-    tx: &EventSender,
-    sent: &BTreeMap<String, Vec<String>>,
-    now: &BTreeMap<String, Vec<String>>,
-) -> Result<(), RegistryError> {
-    let scopes: BTreeSet<&String> = sent.keys().chain(now.keys()).collect();
-    for scope in scopes {
-        let problems = now.get(scope).cloned().unwrap_or_default();
-        if sent.get(scope).map_or(&[][..], Vec::as_slice) != problems.as_slice() {
-            if problems.is_empty() {
-                info!(scope = %scope, "Problems cleared.");
-            }
-            tx.send(RegistryEvent::Problems {
-                scope: scope.clone(),
-                problems,
-            })
-            .await?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

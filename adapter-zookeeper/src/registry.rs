@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
+use mcp_core::problems::ProblemLedger;
 use mcp_core::{
     channel_stream, EventSender, Registry, RegistryError, RegistryEvent, Service, ServiceKey,
 };
@@ -260,7 +261,7 @@ struct Session<'a> {
     /// Root-level problems already sent (scope -> non-empty).
     root_problems: BTreeMap<String, Vec<String>>,
     /// Problems last sent per scope (only changes are sent again).
-    sent_problems: BTreeMap<String, Vec<String>>,
+    sent_problems: ProblemLedger,
     served: BTreeMap<ServiceKey, Service>,
     /// Services hidden because the other Dubbo registration serves their endpoints.
     hidden: BTreeSet<ServiceKey>,
@@ -352,7 +353,7 @@ impl Inner {
             dirs: BTreeMap::new(),
             states: BTreeMap::new(),
             root_problems: BTreeMap::new(),
-            sent_problems: BTreeMap::new(),
+            sent_problems: ProblemLedger::new(),
             served: carried.served,
             hidden: carried.hidden,
         };
@@ -808,23 +809,19 @@ impl Session<'_> {
         }
         for (scope, p) in problems {
             // A new watch re-sends everything: the core may hold scopes from an earlier one.
-            let before = self
-                .sent_problems
-                .get(&scope)
-                .map_or(&[][..], Vec::as_slice);
-            if !reset && before == p.as_slice() {
-                continue;
-            }
-            for line in &p {
-                tracing::warn!(problem = %line, "Skipped part of a ZooKeeper service.");
-            }
-            if p.is_empty() {
-                self.sent_problems.remove(&scope);
+            let event = if reset {
+                Some(self.sent_problems.record(&scope, p))
             } else {
-                self.sent_problems.insert(scope.clone(), p.clone());
+                self.sent_problems.update(&scope, p)
+            };
+            if let Some(event) = event {
+                if let RegistryEvent::Problems { problems, .. } = &event {
+                    for line in problems {
+                        tracing::warn!(problem = %line, "Skipped part of a ZooKeeper service.");
+                    }
+                }
+                tx.send(event).await?;
             }
-            tx.send(RegistryEvent::Problems { scope, problems: p })
-                .await?;
         }
         if reset {
             return tx
