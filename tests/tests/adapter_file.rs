@@ -319,22 +319,34 @@ fn a_symlink_to_a_device_is_refused_and_reloads_go_on() {
 fn paths_that_cannot_be_listed_or_stated_keep_their_last_good_content() {
     let dir = tempfile::tempdir().expect("tempdir");
     let conf = dir.path().join("conf");
-    std::fs::create_dir_all(conf.join("sub")).expect("mkdir");
+    // `conf/sub` is a symlink to a directory so that it can be swapped atomically below.
+    let sub_dir = dir.path().join("sub-dir");
+    std::fs::create_dir_all(&sub_dir).expect("mkdir");
+    std::fs::create_dir_all(&conf).expect("mkdir");
+    std::os::unix::fs::symlink(&sub_dir, conf.join("sub")).expect("symlink");
     std::fs::write(conf.join("a.yaml"), se("a", "10.0.0.1")).expect("write");
-    std::fs::write(conf.join("sub/s.yaml"), se("s", "10.0.0.2")).expect("write");
+    std::fs::write(sub_dir.join("s.yaml"), se("s", "10.0.0.2")).expect("write");
+    // `other` is a symlink to a directory, so that it can be swapped atomically below (a
+    // remove-then-write would let a poll see the file really gone, which is a deletion).
+    let other_dir = dir.path().join("other-dir");
+    std::fs::create_dir_all(&other_dir).expect("mkdir");
+    std::fs::write(other_dir.join("f.yaml"), se("f", "10.0.0.3")).expect("write");
     let other = dir.path().join("other");
-    std::fs::create_dir_all(&other).expect("mkdir");
-    std::fs::write(other.join("f.yaml"), se("f", "10.0.0.3")).expect("write");
+    std::os::unix::fs::symlink(&other_dir, &other).expect("symlink");
     let adapter = start_paths(&[&conf, &other.join("f.yaml")]);
     let xds = format!("xds://{}", adapter.grpc);
     assert_eq!(names(&get(&xds)), vec!["ns/a", "ns/f", "ns/s"]);
 
     // A subdirectory replaced by a dangling symlink (a half-done swap), and a configured file
     // whose parent directory became a regular file: both cannot be stat'ed, neither is a deletion.
-    std::fs::rename(conf.join("sub"), conf.join(".sub-old")).expect("mv");
-    std::os::unix::fs::symlink(dir.path().join("nowhere"), conf.join("sub")).expect("symlink");
-    std::fs::remove_dir_all(&other).expect("rm other");
-    std::fs::write(&other, "a file now").expect("write");
+    let swap = dir.path().join("sub.swap");
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), &swap).expect("symlink");
+    std::fs::rename(&swap, conf.join("sub")).expect("atomic swap: conf/sub now dangles");
+    let plain = dir.path().join("plain-file");
+    std::fs::write(&plain, "a file now").expect("write");
+    let swap = dir.path().join("other.swap");
+    std::os::unix::fs::symlink(&plain, &swap).expect("symlink");
+    std::fs::rename(&swap, &other).expect("atomic swap: other now leads to a regular file");
 
     let p = wait_for(Duration::from_secs(10), "both reported", || {
         let p = problems(&adapter);
@@ -348,9 +360,10 @@ fn paths_that_cannot_be_listed_or_stated_keep_their_last_good_content() {
     assert_eq!(names(&get(&xds)), vec!["ns/a", "ns/f", "ns/s"]);
 
     // Repaired: problems clear and the content is read again.
-    std::fs::remove_file(conf.join("sub")).expect("rm link");
-    std::fs::rename(conf.join(".sub-old"), conf.join("sub")).expect("mv back");
-    std::fs::write(conf.join("sub/s.yaml"), se("s", "10.0.0.7")).expect("edit");
+    std::fs::write(sub_dir.join("s.yaml"), se("s", "10.0.0.7")).expect("edit");
+    let swap = dir.path().join("sub.swap");
+    std::os::unix::fs::symlink(&sub_dir, &swap).expect("symlink");
+    std::fs::rename(&swap, conf.join("sub")).expect("atomic swap back");
     std::fs::remove_file(&other).expect("rm file");
     std::fs::create_dir_all(&other).expect("mkdir");
     std::fs::write(other.join("f.yaml"), se("f2", "10.0.0.8")).expect("write");
