@@ -76,9 +76,14 @@ struct Measured {
 
 async fn start(n: usize) -> (Running, FakeHandle, Vec<Service>) {
     let (registry, handle) = fake_registry();
-    let running = runtime::start(registry, test_args())
-        .await
-        .expect("runtime starts");
+    let running = runtime::start(registry, {
+        // Measured without the coalescing window (the bench measures the path, not the wait).
+        let mut args = test_args();
+        args.coalesce = std::time::Duration::ZERO;
+        args
+    })
+    .await
+    .expect("runtime starts");
     let current = services(n, ENDPOINTS);
     handle.send(RegistryEvent::Reset(current.clone()));
     (running, handle, current)

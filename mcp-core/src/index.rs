@@ -141,10 +141,14 @@ impl Index {
         if !self.reset_seen {
             return None;
         }
-        let mut pending: BTreeMap<ServiceKey, Option<Service>> = std::mem::take(&mut self.pending)
-            .into_iter()
-            .map(|(k, change)| (k, change.filter(|s| !self.removed_when_empty(s))))
-            .collect();
+        let mut pending = std::mem::take(&mut self.pending);
+        if self.cfg.on_empty == OnEmpty::Remove {
+            for change in pending.values_mut() {
+                if change.as_ref().is_some_and(|s| self.removed_when_empty(s)) {
+                    *change = None;
+                }
+            }
+        }
         self.allocate_vips(&mut pending);
         let mut touched = false;
         for (key, change) in pending {
@@ -188,8 +192,11 @@ impl Index {
             let member = change.as_ref().is_some_and(needs_vip);
             membership_changed |= self.vips.set_member(key, member);
             match change {
+                // A re-list mostly repeats what is stored: compare before cloning.
                 Some(s) if member => {
-                    self.vip_services.insert(key.clone(), s.clone());
+                    if self.vip_services.get(key) != Some(s) {
+                        self.vip_services.insert(key.clone(), s.clone());
+                    }
                 }
                 _ => {
                     self.vip_services.remove(key);
