@@ -4,6 +4,7 @@
 #   - Istio's own MCP client (istio.io/istio/pkg/adsc), built from the Go module proxy into
 #     target/adsc (cold: ~8 min and ~1.5 GB of Go caches; warm: seconds);
 #   - Consul, built from the Go module proxy into target/consul (cold: ~11 min; warm: seconds);
+#   - a Spring Cloud Eureka server, built with Maven into target/eureka (cold: ~1.5 min);
 #   - ZooKeeper, Debian's package (apt-get; needs root, as on CI machines).
 # Usage: scripts/test.sh            (from anywhere inside the repo)
 set -euo pipefail
@@ -14,12 +15,17 @@ need() {
 }
 need cargo "install Rust with rustup"
 need go "install Go >= 1.25 (the Istio client needs it)"
+need java "install a JDK >= 17 (the Eureka test server needs it)"
+need mvn "install Maven (it builds the Eureka test server)"
 
 echo "==> building Istio's MCP client (tests/istio-adsc)"
 tests/istio-adsc/build.sh target/adsc
 
 echo "==> building Consul (tests/consul)"
 tests/consul/build.sh target/consul
+
+echo "==> building the Eureka test server (tests/eureka, Maven Central)"
+tests/eureka/build.sh target/eureka
 
 echo "==> installing ZooKeeper (Debian package)"
 scripts/install-zookeeper.sh
@@ -34,4 +40,5 @@ echo "==> cargo build --workspace --bins --examples (the end-to-end tests run th
 cargo build --workspace --bins --examples
 
 echo "==> cargo test (including tests that need real peers)"
-ADSC_WATCH_DIR="$PWD/target/adsc" CONSUL_BIN_DIR="$PWD/target/consul" cargo test --workspace -- --include-ignored
+ADSC_WATCH_DIR="$PWD/target/adsc" CONSUL_BIN_DIR="$PWD/target/consul" \
+  EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" cargo test --workspace -- --include-ignored

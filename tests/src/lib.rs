@@ -5,6 +5,7 @@
 //! --workspace` builds; the Istio peers in `$ADSC_WATCH_DIR` (default `target/adsc`).
 
 pub mod consul;
+pub mod eureka;
 pub mod zookeeper;
 
 use std::io::{BufRead, BufReader, Read, Write};

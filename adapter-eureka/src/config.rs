@@ -1,0 +1,126 @@
+//! Command-line and environment settings of adapter-eureka.
+//!
+//! Credentials never come from a flag value (they would show in `ps` and shell history): the
+//! basic-auth user and password come from `EUREKA_USERNAME`/`EUREKA_PASSWORD` or from the file
+//! named by `--eureka-auth-file`; a URL with `user:password@` in it is refused.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mcp_core::cli::parse_duration;
+
+/// Eureka connection and selection settings.
+#[derive(Clone, Debug, clap::Args)]
+pub struct EurekaConfig {
+    /// Eureka base URL including its path (`http://host:8761/eureka` for Spring Cloud,
+    /// `http://host:8080/eureka/v2` for the Netflix war). Repeat (or comma-separate) for
+    /// failover, in order of preference, like Eureka's `defaultZone` list.
+    #[arg(
+        long = "eureka-url",
+        env = "EUREKA_URL",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:8761/eureka"
+    )]
+    pub urls: Vec<String>,
+
+    /// How often `/apps/delta` is polled (at least 1s).
+    #[arg(long, env = "MCP_EUREKA_REFRESH_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub refresh_interval: Duration,
+
+    /// Longest one request to Eureka may take.
+    #[arg(long = "eureka-timeout", env = "MCP_EUREKA_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    /// After a server switch or a server restart, a registry that shrank to nothing is not
+    /// served for this long (Eureka servers start empty and fill as clients re-register).
+    #[arg(long, env = "MCP_EUREKA_STARTUP_GRACE", default_value = "60s", value_parser = parse_duration)]
+    pub startup_grace: Duration,
+
+    /// File holding `user:password` for basic auth (or set EUREKA_USERNAME and EUREKA_PASSWORD).
+    #[arg(long = "eureka-auth-file", env = "EUREKA_AUTH_FILE")]
+    pub auth_file: Option<PathBuf>,
+
+    /// CA bundle (PEM) to verify Eureka's HTTPS certificate, in addition to the system roots.
+    #[arg(long = "eureka-ca", env = "EUREKA_CA")]
+    pub ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for Eureka servers that ask for one.
+    #[arg(
+        long = "eureka-client-cert",
+        env = "EUREKA_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    pub client_cert: Option<PathBuf>,
+
+    /// Key (PEM) of the client certificate.
+    #[arg(
+        long = "eureka-client-key",
+        env = "EUREKA_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    pub client_key: Option<PathBuf>,
+
+    /// Only these apps (names or globs with `*` and `?`, case-insensitive; comma-separated or
+    /// repeated).
+    #[arg(long = "app", env = "MCP_EUREKA_APPS", value_delimiter = ',')]
+    pub apps: Vec<String>,
+
+    /// Never these apps (names or globs, case-insensitive).
+    #[arg(
+        long = "exclude-app",
+        env = "MCP_EUREKA_EXCLUDE_APPS",
+        value_delimiter = ','
+    )]
+    pub exclude_apps: Vec<String>,
+}
+
+/// Shortest refresh interval: Eureka answers deltas from a cache, polling faster buys nothing.
+pub const MIN_REFRESH: Duration = Duration::from_secs(1);
+
+impl EurekaConfig {
+    /// The refresh interval, raised to [`MIN_REFRESH`].
+    pub fn refresh(&self) -> Duration {
+        self.refresh_interval.max(MIN_REFRESH)
+    }
+
+    /// The app filter; globs are matched against lower-cased app names (Eureka upper-cases
+    /// them, people write them either way).
+    pub fn filter(&self) -> mcp_core::filter::NameFilter {
+        let lower = |v: &[String]| v.iter().map(|s| s.to_lowercase()).collect();
+        mcp_core::filter::NameFilter::new(lower(&self.apps), lower(&self.exclude_apps))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        eureka: EurekaConfig,
+    }
+
+    #[test]
+    fn urls_filters_and_refresh_floor() {
+        let a = Args::try_parse_from([
+            "x",
+            "--eureka-url",
+            "http://a:8761/eureka,http://b:8761/eureka",
+            "--app",
+            "Orders*",
+            "--exclude-app",
+            "*-CANARY",
+            "--refresh-interval",
+            "100ms",
+        ])
+        .expect("parse");
+        assert_eq!(a.eureka.urls.len(), 2);
+        assert_eq!(a.eureka.refresh(), MIN_REFRESH);
+        let f = a.eureka.filter();
+        assert!(f.allows("orders-api"));
+        assert!(!f.allows("orders-canary"));
+        assert!(!f.allows("payments"));
+    }
+}

@@ -1,0 +1,348 @@
+//! A real Spring Cloud Netflix Eureka server on a free loopback port, built by
+//! `tests/eureka/build.sh` into `$EUREKA_JAR` (default `target/eureka/eureka-test.jar`), and
+//! Eureka's REST API for registering, changing and removing instances the way Eureka clients do.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{free_addr, http, target_dir};
+
+/// The server jar.
+pub fn eureka_jar() -> PathBuf {
+    let jar = std::env::var_os("EUREKA_JAR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            target_dir()
+                .parent()
+                .map(|t| t.join("eureka").join("eureka-test.jar"))
+                .unwrap_or_default()
+        });
+    assert!(
+        jar.exists(),
+        "{} missing: build it with tests/eureka/build.sh target/eureka (the README's test command does)",
+        jar.display()
+    );
+    jar
+}
+
+/// How long a JVM start may take on a loaded two-core machine.
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// A running Eureka server, killed on drop.
+pub struct Eureka {
+    child: Option<Child>,
+    /// HTTP address.
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+    starts: u32,
+    args: Vec<String>,
+    /// `Authorization` header value when the server requires basic auth.
+    auth: Option<String>,
+}
+
+/// One instance to register.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    /// App name (Eureka upper-cases it).
+    pub app: String,
+    /// Instance id.
+    pub id: String,
+    /// `ipAddr` (sent as given, even when not an IP).
+    pub ip: String,
+    /// Plain port (enabled).
+    pub port: u16,
+    /// TLS port, enabled when set.
+    pub secure_port: Option<u16>,
+    /// `vipAddress`; none = not sent.
+    pub vip: Option<String>,
+    /// Initial status.
+    pub status: String,
+    /// Metadata.
+    pub metadata: Vec<(String, String)>,
+    /// Lease duration: long by default so tests need no heartbeats.
+    pub lease_secs: u32,
+}
+
+impl Instance {
+    /// An UP instance on `ip:port` with a one-hour lease and no VIP.
+    pub fn new(app: &str, id: &str, ip: &str, port: u16) -> Self {
+        Self {
+            app: app.to_uppercase(),
+            id: id.to_string(),
+            ip: ip.to_string(),
+            port,
+            secure_port: None,
+            vip: None,
+            status: "UP".into(),
+            metadata: Vec::new(),
+            lease_secs: 3600,
+        }
+    }
+
+    /// The registration body (`{"instance": {...}}`), as Eureka's Jackson codec expects it.
+    pub fn json(&self) -> String {
+        let mut inst = serde_json::json!({
+            "instanceId": self.id,
+            "hostName": self.ip,
+            "app": self.app,
+            "ipAddr": self.ip,
+            "status": self.status,
+            "port": {"$": self.port, "@enabled": "true"},
+            "securePort": {"$": self.secure_port.unwrap_or(443),
+                           "@enabled": if self.secure_port.is_some() { "true" } else { "false" }},
+            "dataCenterInfo": {
+                "@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo",
+                "name": "MyOwn"
+            },
+            "leaseInfo": {"renewalIntervalInSecs": 30, "durationInSecs": self.lease_secs},
+            "metadata": self
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect::<serde_json::Map<String, serde_json::Value>>(),
+        });
+        if let Some(vip) = &self.vip {
+            inst["vipAddress"] = serde_json::Value::String(vip.clone());
+        }
+        serde_json::json!({ "instance": inst }).to_string()
+    }
+}
+
+impl Eureka {
+    /// Starts a server on a free port and waits until it answers `GET /eureka/apps`.
+    pub fn start() -> Eureka {
+        Self::start_with(&[])
+    }
+
+    /// [`Eureka::start`] with extra Spring arguments (`--eureka.server.x=y`), kept for restarts.
+    pub fn start_with(args: &[&str]) -> Eureka {
+        let mut e = Eureka {
+            child: None,
+            addr: free_addr(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            starts: 0,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            auth: None,
+        };
+        e.spawn();
+        e
+    }
+
+    /// A server that requires HTTP basic auth as `user`/`password` on every request (the
+    /// harness's own requests send it).
+    pub fn start_with_auth(user: &str, password: &str) -> Eureka {
+        let mut e = Eureka {
+            child: None,
+            addr: free_addr(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            starts: 0,
+            args: vec![
+                "--eureka-test.auth=true".into(),
+                format!("--spring.security.user.name={user}"),
+                format!("--spring.security.user.password={password}"),
+            ],
+            auth: Some(format!("Basic {}", base64(&format!("{user}:{password}")))),
+        };
+        e.spawn();
+        e
+    }
+
+    fn headers(&self, body: bool) -> Vec<(&str, &str)> {
+        let mut h = vec![("Accept", "application/json")];
+        if body {
+            h.push(("Content-Type", "application/json"));
+        }
+        if let Some(a) = &self.auth {
+            h.push(("Authorization", a.as_str()));
+        }
+        h
+    }
+
+    fn spawn(&mut self) {
+        self.starts += 1;
+        let log = self.dir.path().join(format!("eureka-{}.log", self.starts));
+        let out = std::fs::File::create(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        // C1 only and a small heap: starts in half the time on two busy cores.
+        let child = Command::new("java")
+            .args([
+                "-Xmx256m",
+                "-XX:TieredStopAtLevel=1",
+                "-XX:+UseSerialGC",
+                "-jar",
+            ])
+            .arg(eureka_jar())
+            .arg(format!("--server.port={}", self.addr.port()))
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn java (is a JDK 17+ installed?)");
+        self.child = Some(child);
+        let end = Instant::now() + START_TIMEOUT;
+        loop {
+            if self.apps_status() == Some(200) {
+                return;
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!("eureka exited with {status}; its log:\n{}", self.log());
+                }
+            }
+            assert!(
+                Instant::now() < end,
+                "eureka did not answer within {START_TIMEOUT:?}; its log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn apps_status(&self) -> Option<u16> {
+        http(self.addr, "GET", "/eureka/apps", &self.headers(false), "")
+            .ok()
+            .map(|(s, _)| s)
+    }
+
+    /// Kills the server (its registry is gone: Eureka keeps nothing on disk).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// The base URL for `--eureka-url`.
+    pub fn url(&self) -> String {
+        format!("http://{}/eureka", self.addr)
+    }
+
+    /// The server's log (current run).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("eureka-{}.log", self.starts)))
+            .unwrap_or_default()
+    }
+
+    fn call(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let headers = self.headers(!body.is_empty());
+        http(self.addr, method, &format!("/eureka{path}"), &headers, body)
+            .unwrap_or_else(|e| panic!("eureka {method} {path}: {e}"))
+    }
+
+    fn expect(&self, method: &str, path: &str, body: &str, ok: &[u16]) {
+        let (status, resp) = self.call(method, path, body);
+        assert!(
+            ok.contains(&status),
+            "eureka {method} {path}: HTTP {status} {resp}"
+        );
+    }
+
+    /// `POST /apps/{APP}` (204).
+    pub fn register(&self, inst: &Instance) {
+        self.expect("POST", &format!("/apps/{}", inst.app), &inst.json(), &[204]);
+    }
+
+    /// `PUT /apps/{APP}/{ID}`: the heartbeat's status (200, or 404 when unknown).
+    pub fn heartbeat(&self, app: &str, id: &str) -> u16 {
+        self.call("PUT", &format!("/apps/{}/{id}", app.to_uppercase()), "")
+            .0
+    }
+
+    /// `PUT .../status?value=STATUS`: an operator's status override.
+    pub fn set_status(&self, app: &str, id: &str, status: &str) {
+        let path = format!("/apps/{}/{id}/status?value={status}", app.to_uppercase());
+        self.expect("PUT", &path, "", &[200]);
+    }
+
+    /// `DELETE .../status?value=UP`: removes the override, the instance is UP again.
+    pub fn clear_status(&self, app: &str, id: &str) {
+        let path = format!("/apps/{}/{id}/status?value=UP", app.to_uppercase());
+        self.expect("DELETE", &path, "", &[200]);
+    }
+
+    /// `PUT .../metadata?key=value`.
+    pub fn set_metadata(&self, app: &str, id: &str, key: &str, value: &str) {
+        let path = format!("/apps/{}/{id}/metadata?{key}={value}", app.to_uppercase());
+        self.expect("PUT", &path, "", &[200]);
+    }
+
+    /// `DELETE /apps/{APP}/{ID}` (cancel).
+    pub fn deregister(&self, app: &str, id: &str) {
+        self.expect(
+            "DELETE",
+            &format!("/apps/{}/{id}", app.to_uppercase()),
+            "",
+            &[200],
+        );
+    }
+
+    /// `GET /apps` as JSON.
+    pub fn apps(&self) -> serde_json::Value {
+        let (status, body) = self.call("GET", "/apps", "");
+        assert_eq!(status, 200, "GET /apps: {body}");
+        serde_json::from_str(&body).expect("apps JSON")
+    }
+
+    /// `GET /apps/delta` as JSON.
+    pub fn delta(&self) -> serde_json::Value {
+        let (status, body) = self.call("GET", "/apps/delta", "");
+        assert_eq!(status, 200, "GET /apps/delta: {body}");
+        serde_json::from_str(&body).expect("delta JSON")
+    }
+
+    /// Effective statuses of `app`'s instances by id, as `GET /apps` shows them.
+    pub fn statuses(&self, app: &str) -> Vec<(String, String)> {
+        let apps = self.apps();
+        let list = apps["applications"]["application"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        list.iter()
+            .filter(|a| a["name"] == app.to_uppercase())
+            .flat_map(|a| a["instance"].as_array().cloned().unwrap_or_default())
+            .map(|i| {
+                (
+                    i["instanceId"].as_str().unwrap_or("").to_string(),
+                    i["status"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Eureka {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Standard base64 with padding (for a basic-auth header; no crate needed for that).
+fn base64(s: &str) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in s.as_bytes().chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,487 @@
+//! adapter-eureka against a real Spring Cloud Netflix Eureka server (built from Maven Central
+//! by tests/eureka/build.sh), observed through mcpctl as a sink sees it. The adapter runs with
+//! its default flags (refresh every 5s), so each change is served within one interval.
+
+use std::time::{Duration, Instant};
+
+use e2e::eureka::{Eureka, Instance};
+use e2e::{find, mcpctl_get, wait_for, Adapter};
+
+/// A change must reach the sink within this: one 5s refresh, plus a loaded machine.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn adapter_defaults(eureka: &Eureka) -> Adapter {
+    let url = eureka.url();
+    Adapter::start("adapter-eureka", &["--eureka-url", url.as_str()])
+}
+
+fn until(
+    what: &str,
+    xds: &str,
+    pred: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    wait_for(CHANGE_TIMEOUT, what, || {
+        let items = mcpctl_get(xds);
+        pred(&items).then_some(items)
+    })
+}
+
+fn addresses(items: &[serde_json::Value], name: &str) -> Option<Vec<String>> {
+    let item = find(items, name)?;
+    let mut v: Vec<String> = item["spec"]["endpoints"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["address"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    Some(v)
+}
+
+/// Sum of a metric's samples on /metrics (0 when absent).
+fn metric(a: &Adapter, name: &str) -> f64 {
+    a.get("/metrics")
+        .1
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn harness_registers_changes_and_cancels_through_the_rest_api() {
+    let eureka = Eureka::start();
+    let mut i = Instance::new("orders", "orders-1", "10.0.0.1", 8080);
+    i.metadata.push(("version".into(), "v1".into()));
+    eureka.register(&i);
+    assert_eq!(
+        eureka.statuses("orders"),
+        [("orders-1".to_string(), "UP".to_string())]
+    );
+    assert_eq!(eureka.heartbeat("orders", "orders-1"), 200);
+    assert_eq!(eureka.heartbeat("orders", "nobody"), 404);
+    eureka.set_status("orders", "orders-1", "OUT_OF_SERVICE");
+    assert_eq!(eureka.statuses("orders")[0].1, "OUT_OF_SERVICE");
+    eureka.clear_status("orders", "orders-1");
+    assert_eq!(eureka.statuses("orders")[0].1, "UP");
+    eureka.set_metadata("orders", "orders-1", "version", "v2");
+    let apps = eureka.apps();
+    assert_eq!(
+        apps["applications"]["application"][0]["instance"][0]["metadata"]["version"],
+        "v2"
+    );
+    // The delta carries the recent changes and the hash of the full registry.
+    let delta = eureka.delta();
+    assert_eq!(delta["applications"]["apps__hashcode"], "UP_1_");
+    eureka.deregister("orders", "orders-1");
+    assert!(eureka.statuses("orders").is_empty());
+    assert_eq!(eureka.delta()["applications"]["apps__hashcode"], "");
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn register_status_down_and_deregister_reach_the_sink() {
+    let eureka = Eureka::start();
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    eureka.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
+    let a = adapter_defaults(&eureka);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+
+    let items = until("orders served with two endpoints", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+    });
+    let orders = find(&items, "orders").expect("orders");
+    assert_eq!(orders["metadata"]["namespace"], "eureka");
+    assert_eq!(orders["spec"]["hosts"][0], "orders.eureka");
+    assert_eq!(orders["spec"]["ports"][0]["number"], 8080);
+    assert_eq!(orders["spec"]["ports"][0]["protocol"], "HTTP");
+
+    // Registered later: picked up by a delta.
+    let mut pay = Instance::new("payments", "payments-1", "10.0.1.1", 9090);
+    pay.vip = Some("payments.example.com".into());
+    eureka.register(&pay);
+    let items = until("payments served", &xds, |i| find(i, "payments").is_some());
+    assert_eq!(
+        find(&items, "payments").expect("payments")["spec"]["hosts"][0],
+        "payments.example.com"
+    );
+
+    // DOWN (an operator's override): its endpoint goes, the other stays.
+    eureka.set_status("orders", "orders-1", "DOWN");
+    until("orders-1 gone after DOWN", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v == ["10.0.0.2"])
+    });
+    // Back UP.
+    eureka.clear_status("orders", "orders-1");
+    until("orders-1 back after UP", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+    });
+
+    // Every instance OUT_OF_SERVICE: kept with no endpoints (default --on-empty keep).
+    eureka.set_status("orders", "orders-1", "OUT_OF_SERVICE");
+    eureka.set_status("orders", "orders-2", "OUT_OF_SERVICE");
+    until("orders kept with no endpoints", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v.is_empty())
+    });
+
+    // Cancel: the app leaves Eureka, its ServiceEntry goes.
+    eureka.deregister("orders", "orders-1");
+    eureka.deregister("orders", "orders-2");
+    until("orders removed after cancel", &xds, |i| {
+        find(i, "orders").is_none() && find(i, "payments").is_some()
+    });
+    assert_eq!(
+        metric(&a, "mcp_adapter_registry_errors_total"),
+        0.0,
+        "{}",
+        tail(&a.log())
+    );
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn unchanged_registry_builds_no_snapshot_and_has_no_errors() {
+    let eureka = Eureka::start();
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    let a = adapter_defaults(&eureka);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("orders served", &xds, |i| find(i, "orders").is_some());
+
+    let snapshots = metric(&a, "mcp_adapter_snapshots_total");
+    assert!(snapshots > 0.0, "no snapshot yet");
+    // Four refresh intervals of the default 5s.
+    let end = Instant::now() + Duration::from_secs(21);
+    while Instant::now() < end {
+        assert_eq!(
+            metric(&a, "mcp_adapter_registry_errors_total"),
+            0.0,
+            "registry errors in steady state; log:\n{}",
+            tail(&a.log())
+        );
+        assert_eq!(a.get("/readyz").0, 200);
+        assert_eq!(a.get("/registryz").0, 200, "{}", tail(&a.log()));
+        assert_eq!(
+            metric(&a, "mcp_adapter_snapshots_total"),
+            snapshots,
+            "a snapshot was built while nothing changed; log:\n{}",
+            tail(&a.log())
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // No full fetch beyond the first: deltas matched the hashcode every time.
+    let full_fetches = a.log().matches("full fetch").count();
+    assert_eq!(full_fetches, 1, "{}", tail(&a.log()));
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn server_down_keeps_the_last_good_state() {
+    let mut eureka = Eureka::start();
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    let a = adapter_defaults(&eureka);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("orders served", &xds, |i| find(i, "orders").is_some());
+
+    eureka.stop();
+    let body = wait_for(CHANGE_TIMEOUT, "registryz 503 during the outage", || {
+        let (s, body) = a.get("/registryz");
+        (s == 503).then_some(body)
+    });
+    assert!(body.contains("eureka"), "{body}");
+    assert_eq!(a.get("/readyz").0, 200, "the last good state is served");
+    let items = mcpctl_get(&xds);
+    assert_eq!(
+        addresses(&items, "orders"),
+        Some(vec!["10.0.0.1".to_string()]),
+        "last good state served to a new sink"
+    );
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn bad_ip_skips_one_instance_with_a_problem_naming_it() {
+    let eureka = Eureka::start();
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    eureka.register(&Instance::new("orders", "orders-bad", "not-an-ip", 8080));
+    let a = adapter_defaults(&eureka);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("orders served with its good instance", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
+    });
+    let problems = a.debug()["problems"].to_string();
+    assert!(
+        problems.contains("ORDERS") && problems.contains("orders-bad"),
+        "{problems}"
+    );
+    // Fixed by cancelling it: the problem clears.
+    eureka.deregister("orders", "orders-bad");
+    wait_for(CHANGE_TIMEOUT, "problem cleared", || {
+        let p = a.debug()["problems"].clone();
+        (!p.to_string().contains("orders-bad")).then_some(())
+    });
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn fails_over_to_the_next_url_when_the_first_server_stops() {
+    // Two independent servers (no replication): each registration goes to both, as Eureka
+    // clients with two `defaultZone` URLs effectively see after peer replication.
+    let mut first = Eureka::start();
+    let second = Eureka::start();
+    for e in [&first, &second] {
+        e.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    }
+    let (u1, u2) = (first.url(), second.url());
+    let a = Adapter::start(
+        "adapter-eureka",
+        &["--eureka-url", u1.as_str(), "--eureka-url", u2.as_str()],
+    );
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("orders served", &xds, |i| find(i, "orders").is_some());
+
+    first.stop();
+    // A change only the second server knows arrives: the adapter switched to it.
+    second.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
+    until("orders-2 served from the second server", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+    });
+    assert_eq!(a.get("/registryz").0, 200, "{}", tail(&a.log()));
+    assert!(
+        a.log().contains("switched Eureka server"),
+        "{}",
+        tail(&a.log())
+    );
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn restarted_empty_server_is_not_believed_during_the_startup_grace() {
+    let mut eureka = Eureka::start();
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    let a = Adapter::start(
+        "adapter-eureka",
+        &[
+            "--eureka-url",
+            eureka.url().as_str(),
+            "--startup-grace",
+            "20s",
+        ],
+    );
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("orders served", &xds, |i| find(i, "orders").is_some());
+
+    eureka.restart();
+    // The empty registry of the restarted server is held back...
+    let held = Instant::now();
+    wait_for(CHANGE_TIMEOUT, "the empty registry held back", || {
+        a.log()
+            .contains("holding the last state during the startup grace")
+            .then_some(())
+    });
+    assert_eq!(
+        addresses(&mcpctl_get(&xds), "orders"),
+        Some(vec!["10.0.0.1".to_string()]),
+        "last state served during the grace"
+    );
+    // ...and believed once the grace is over.
+    until("orders removed after the grace", &xds, |i| {
+        find(i, "orders").is_none()
+    });
+    assert!(
+        held.elapsed() >= Duration::from_secs(10),
+        "{:?}",
+        held.elapsed()
+    );
+    // A client re-registering is served again.
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    until("orders back", &xds, |i| find(i, "orders").is_some());
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn metadata_change_reaches_the_endpoint_labels() {
+    let eureka = Eureka::start();
+    let mut i = Instance::new("orders", "orders-1", "10.0.0.1", 8080);
+    i.metadata.push(("version".into(), "v1".into()));
+    eureka.register(&i);
+    let a = adapter_defaults(&eureka);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    let label = |items: &[serde_json::Value]| {
+        find(items, "orders").map(|o| o["spec"]["endpoints"][0]["labels"]["version"].clone())
+    };
+    until("v1 served", &xds, |i| label(i).is_some_and(|v| v == "v1"));
+    eureka.set_metadata("orders", "orders-1", "version", "v2");
+    until("v2 served", &xds, |i| label(i).is_some_and(|v| v == "v2"));
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn lease_expiry_removes_the_instance() {
+    let eureka = Eureka::start();
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    let mut short = Instance::new("orders", "orders-2", "10.0.0.2", 8080);
+    short.lease_secs = 3;
+    eureka.register(&short);
+    let a = adapter_defaults(&eureka);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    // No heartbeats for orders-2: the server evicts it (self-preservation is off), the delta
+    // says DELETED.
+    until("orders-2 expired", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
+    });
+    assert!(eureka
+        .statuses("orders")
+        .iter()
+        .all(|(id, _)| id != "orders-2"));
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn hashcode_mismatch_forces_a_full_fetch() {
+    // Changes leave the server's delta queue after 500 ms, long before the adapter's next
+    // delta (5 s): the deltas it sees are empty, and only the hashcode tells it that the
+    // registry changed.
+    let eureka = Eureka::start_with(&[
+        "--eureka.server.retention-time-in-m-s-in-delta-queue=500",
+        "--eureka.server.delta-retention-timer-interval-in-ms=250",
+    ]);
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    let a = adapter_defaults(&eureka);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("orders served", &xds, |i| find(i, "orders").is_some());
+
+    eureka.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
+    until("orders-2 served after a full fetch", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+    });
+    assert!(a.log().contains("hashcode mismatch"), "{}", tail(&a.log()));
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn two_hundred_apps_of_five_instances() {
+    let eureka = Eureka::start();
+    for app in 0..200 {
+        for n in 0..5 {
+            eureka.register(&Instance::new(
+                &format!("app-{app}"),
+                &format!("app-{app}-{n}"),
+                &format!("10.{}.{}.{n}", app / 100, app % 100),
+                8080,
+            ));
+        }
+    }
+    let started = Instant::now();
+    let a = adapter_defaults(&eureka);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    let items = until("200 apps served", &xds, |i| i.len() == 200);
+    eprintln!(
+        "200 apps x 5 served {:?} after the adapter started",
+        started.elapsed()
+    );
+    assert!(items
+        .iter()
+        .all(|i| i["spec"]["endpoints"].as_array().map(Vec::len) == Some(5)));
+    // One change among them is a delta touching one app.
+    eureka.set_status("app-7", "app-7-0", "DOWN");
+    until("app-7 down to four", &xds, |i| {
+        addresses(i, "app-7").is_some_and(|v| v.len() == 4)
+    });
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn server_with_deltas_disabled_is_read_in_full() {
+    // `disable-delta=true`: the server answers /apps/delta with 403.
+    let eureka = Eureka::start_with(&["--eureka.server.disable-delta=true"]);
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    let a = adapter_defaults(&eureka);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("orders served", &xds, |i| find(i, "orders").is_some());
+    eureka.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
+    until("orders-2 served", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+    });
+    assert_eq!(
+        metric(&a, "mcp_adapter_registry_errors_total"),
+        0.0,
+        "{}",
+        tail(&a.log())
+    );
+    assert!(a.log().contains("refuses deltas"), "{}", tail(&a.log()));
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn basic_auth_from_env_or_file_and_never_logged() {
+    let password = "s3cret-Pa55";
+    let eureka = Eureka::start_with_auth("mesh", password);
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    let url = eureka.url();
+
+    // Without credentials: refused, reported as such, nothing served.
+    let none = Adapter::start("adapter-eureka", &["--eureka-url", url.as_str()]);
+    wait_for(CHANGE_TIMEOUT, "an unauthorized error", || {
+        none.log().contains("refused access").then_some(())
+    });
+    assert_eq!(none.get("/readyz").0, 503);
+
+    // From the environment.
+    let env = Adapter::start_with_env(
+        "adapter-eureka",
+        &["--eureka-url", url.as_str()],
+        &[("EUREKA_USERNAME", "mesh"), ("EUREKA_PASSWORD", password)],
+    );
+    env.wait_ready();
+    until(
+        "orders served (env credentials)",
+        &format!("xds://{}", env.grpc),
+        |i| find(i, "orders").is_some(),
+    );
+
+    // From a file.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("auth");
+    std::fs::write(&file, format!("mesh:{password}\n")).expect("write");
+    let file = file.to_string_lossy().to_string();
+    let from_file = Adapter::start(
+        "adapter-eureka",
+        &[
+            "--eureka-url",
+            url.as_str(),
+            "--eureka-auth-file",
+            file.as_str(),
+        ],
+    );
+    from_file.wait_ready();
+    until(
+        "orders served (file credentials)",
+        &format!("xds://{}", from_file.grpc),
+        |i| find(i, "orders").is_some(),
+    );
+    for a in [&none, &env, &from_file] {
+        assert!(!a.log().contains(password), "password logged:\n{}", a.log());
+    }
+}
