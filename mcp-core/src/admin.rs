@@ -58,9 +58,7 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
             format!(
                 "not ready: waiting for the first sync from {}{}\n",
                 s.registry,
-                st.last_error
-                    .map(|e| format!(" (last error: {e})"))
-                    .unwrap_or_default()
+                last_error_suffix(st.last_error.as_deref())
             ),
         );
     }
@@ -73,9 +71,7 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
                 "ready: serving the state restored from --state-file (written {}s ago); waiting for the first sync from {}{}\n",
                 st.staleness_secs(),
                 s.registry,
-                st.last_error
-                    .map(|e| format!(" (last error: {e})"))
-                    .unwrap_or_default()
+                last_error_suffix(st.last_error.as_deref())
             ),
         )
     } else {
@@ -91,6 +87,11 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     }
 }
 
+/// ` (last error: ...)` when there is one.
+fn last_error_suffix(e: Option<&str>) -> String {
+    e.map(|e| format!(" (last error: {e})")).unwrap_or_default()
+}
+
 /// Registry health: 200 while the watch is in sync with the registry, 503 (with the reason)
 /// before the first sync and while it cannot be reached. For alerts and dashboards, not for a
 /// readiness probe (see `/readyz`).
@@ -104,9 +105,7 @@ async fn registryz(State(s): State<AdminState>) -> impl IntoResponse {
             format!(
                 "{} not synced yet{}\n",
                 s.registry,
-                st.last_error
-                    .map(|e| format!(" (last error: {e})"))
-                    .unwrap_or_default()
+                last_error_suffix(st.last_error.as_deref())
             ),
         )
     } else {

@@ -10,18 +10,7 @@
 use std::time::Duration;
 
 use e2e::eureka::{Eureka, Instance};
-use e2e::{item, Adapter, Adsc, IstioVersion};
-
-fn endpoints(se: &serde_json::Value) -> Vec<String> {
-    se["spec"]["endpoints"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e["address"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
+use e2e::{endpoint_addresses, item, Adapter, Adsc, IstioVersion};
 
 /// Milliseconds between two instants.
 fn ms(from: std::time::Instant, to: std::time::Instant) -> f64 {
@@ -42,7 +31,7 @@ fn latency(refresh: &str, refresh_ms: u64) {
     adapter.wait_ready();
     let mut adsc = Adsc::start(IstioVersion::Current, adapter.grpc);
     adsc.wait_items("orders with two endpoints", |items| {
-        item(items, "eureka/orders").is_some_and(|o| endpoints(o).len() == 2)
+        item(items, "eureka/orders").is_some_and(|o| endpoint_addresses(o).len() == 2)
     });
     let (mut floor, mut sink) = (Vec::new(), Vec::new());
     for round in 0..10 {
@@ -68,7 +57,8 @@ fn latency(refresh: &str, refresh_ms: u64) {
                 std::thread::sleep(Duration::from_millis(20));
             });
             adsc.wait_items("the change", |items| {
-                item(items, "eureka/orders").is_some_and(|o| endpoints(o).len() == want_endpoints)
+                item(items, "eureka/orders")
+                    .is_some_and(|o| endpoint_addresses(o).len() == want_endpoints)
             });
             let t_sink = std::time::Instant::now();
             (poll.join().expect("delta poll"), t_sink)

@@ -339,6 +339,20 @@ pub fn item<'a>(items: &'a [serde_json::Value], ns_name: &str) -> Option<&'a ser
     })
 }
 
+/// The endpoint addresses of a ServiceEntry item (as adsc or mcpctl print it), sorted.
+pub fn endpoint_addresses(item: &serde_json::Value) -> Vec<String> {
+    let mut v: Vec<String> = item["spec"]["endpoints"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["address"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// `mcpctl get serviceentries -o json` against `server` (`xds://...`): the items.
 pub fn mcpctl_get(server: &str) -> Vec<serde_json::Value> {
     let out = Command::new(workspace_bin("mcpctl"))

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::eureka::{Eureka, Instance};
-use e2e::{find, mcpctl_get, wait_for, Adapter};
+use e2e::{endpoint_addresses, find, mcpctl_get, wait_for, Adapter};
 
 /// A change must reach the sink within this: one 5s refresh, plus a loaded machine.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -27,17 +27,7 @@ fn until(
 }
 
 fn addresses(items: &[serde_json::Value], name: &str) -> Option<Vec<String>> {
-    let item = find(items, name)?;
-    let mut v: Vec<String> = item["spec"]["endpoints"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e["address"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    Some(v)
+    find(items, name).map(endpoint_addresses)
 }
 
 /// Sum of a metric's samples on /metrics (0 when absent).

@@ -6,18 +6,7 @@
 use std::time::Duration;
 
 use e2e::consul::Consul;
-use e2e::{item, Adapter, Adsc, IstioVersion};
-
-fn endpoints(se: &serde_json::Value) -> Vec<String> {
-    se["spec"]["endpoints"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e["address"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
+use e2e::{endpoint_addresses, item, Adapter, Adsc, IstioVersion};
 
 fn scenario(version: IstioVersion) {
     let consul = Consul::start(None);
@@ -63,7 +52,7 @@ fn scenario(version: IstioVersion) {
         e["event"] == "synced"
     });
     let items = adsc.wait_items("web and db", |items| {
-        item(items, "consul/web").is_some_and(|w| endpoints(w).len() == 2)
+        item(items, "consul/web").is_some_and(|w| endpoint_addresses(w).len() == 2)
             && item(items, "consul/db").is_some()
     });
     assert_eq!(items.len(), 2, "{items:?}");
@@ -73,7 +62,7 @@ fn scenario(version: IstioVersion) {
     assert_eq!(web["spec"]["ports"][0]["name"], "http-8080");
     assert_eq!(web["spec"]["ports"][0]["protocol"], "HTTP");
     assert_eq!(web["spec"]["resolution"], "STATIC");
-    assert_eq!(endpoints(web), ["10.0.0.1", "10.0.0.2"]);
+    assert_eq!(endpoint_addresses(web), ["10.0.0.1", "10.0.0.2"]);
     assert_eq!(web["spec"]["endpoints"][0]["labels"]["version"], "v1");
     assert_eq!(web["spec"]["endpoints"][1]["labels"]["version"], "v2");
     assert_eq!(web["spec"]["endpoints"][0]["locality"], "dc1");
@@ -81,13 +70,13 @@ fn scenario(version: IstioVersion) {
     let db = item(&items, "consul/db").expect("consul/db");
     assert_eq!(db["spec"]["hosts"][0], "db.service.consul");
     assert_eq!(db["spec"]["ports"][0]["protocol"], "TCP");
-    assert_eq!(endpoints(db), ["10.0.1.1"]);
+    assert_eq!(endpoint_addresses(db), ["10.0.1.1"]);
     let db_version = db["resourceVersion"].clone();
 
     // A check goes critical: istio's store drops the endpoint; db is not re-pushed.
     consul.set_check("n2", "web-2", "critical");
     let items = adsc.wait_items("web-2 critical", |items| {
-        item(items, "consul/web").is_some_and(|w| endpoints(w) == ["10.0.0.1"])
+        item(items, "consul/web").is_some_and(|w| endpoint_addresses(w) == ["10.0.0.1"])
     });
     assert_eq!(
         item(&items, "consul/db").expect("db")["resourceVersion"],
@@ -106,7 +95,7 @@ fn scenario(version: IstioVersion) {
         "passing",
     );
     let items = adsc.wait_items("web-3 on 9090", |items| {
-        item(items, "consul/web").is_some_and(|w| endpoints(w).len() == 2)
+        item(items, "consul/web").is_some_and(|w| endpoint_addresses(w).len() == 2)
     });
     let web = item(&items, "consul/web").expect("web");
     let ports: Vec<(u64, String)> = web["spec"]["ports"]

@@ -6,20 +6,7 @@
 use std::time::Duration;
 
 use e2e::eureka::{Eureka, Instance};
-use e2e::{item, Adapter, Adsc, IstioVersion};
-
-fn endpoints(se: &serde_json::Value) -> Vec<String> {
-    let mut v: Vec<String> = se["spec"]["endpoints"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e["address"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
+use e2e::{endpoint_addresses, item, Adapter, Adsc, IstioVersion};
 
 fn scenario(version: IstioVersion) {
     let eureka = Eureka::start();
@@ -45,7 +32,7 @@ fn scenario(version: IstioVersion) {
         e["event"] == "synced"
     });
     let items = adsc.wait_items("orders and payments", |items| {
-        item(items, "eureka/orders").is_some_and(|o| endpoints(o).len() == 2)
+        item(items, "eureka/orders").is_some_and(|o| endpoint_addresses(o).len() == 2)
             && item(items, "eureka/payments").is_some()
     });
     assert_eq!(items.len(), 2, "{items:?}");
@@ -54,7 +41,7 @@ fn scenario(version: IstioVersion) {
     assert_eq!(orders["spec"]["ports"][0]["number"], 8080);
     assert_eq!(orders["spec"]["ports"][0]["protocol"], "HTTP");
     assert_eq!(orders["spec"]["resolution"], "STATIC");
-    assert_eq!(endpoints(orders), ["10.0.0.1", "10.0.0.2"]);
+    assert_eq!(endpoint_addresses(orders), ["10.0.0.1", "10.0.0.2"]);
     assert_eq!(orders["labels"]["mcp-adapter/registry"], "eureka");
     let pay = item(&items, "eureka/payments").expect("eureka/payments");
     assert_eq!(pay["spec"]["hosts"][0], "payments.eureka");
@@ -78,7 +65,7 @@ fn scenario(version: IstioVersion) {
     // OUT_OF_SERVICE: istio's store drops the endpoint; payments is not re-pushed.
     eureka.set_status("orders", "orders-2", "OUT_OF_SERVICE");
     let items = adsc.wait_items("orders-2 out of service", |items| {
-        item(items, "eureka/orders").is_some_and(|o| endpoints(o) == ["10.0.0.1"])
+        item(items, "eureka/orders").is_some_and(|o| endpoint_addresses(o) == ["10.0.0.1"])
     });
     assert_eq!(
         item(&items, "eureka/payments").expect("payments")["resourceVersion"],

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::zookeeper::{adapter_pid, provider_path, signal, Writer, ZooKeeper};
-use e2e::{find, http_get, item_names, mcpctl_get, wait_for, Adapter};
+use e2e::{endpoint_addresses, find, http_get, item_names, mcpctl_get, wait_for, Adapter};
 
 fn adapter(zk: &ZooKeeper, extra: &[&str]) -> Adapter {
     let servers = zk.servers();
@@ -29,19 +29,6 @@ fn until(
 
 fn endpoint_count(item: &serde_json::Value) -> usize {
     item["spec"]["endpoints"].as_array().map_or(0, Vec::len)
-}
-
-fn addresses(item: &serde_json::Value) -> Vec<String> {
-    let mut v: Vec<String> = item["spec"]["endpoints"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e["address"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 fn dubbo_url(ip: &str, port: u16, iface: &str, extra: &str) -> String {
@@ -88,7 +75,7 @@ fn follows_dubbo_providers() {
     );
     w.create_e(&p2, "");
     let items = until("second provider", &xds, |i| {
-        find(i, GREETER).is_some_and(|g| addresses(g) == ["10.0.0.1", "10.0.0.2"])
+        find(i, GREETER).is_some_and(|g| endpoint_addresses(g) == ["10.0.0.1", "10.0.0.2"])
     });
     let eps = find(&items, GREETER).expect("greeter")["spec"]["endpoints"].clone();
     assert!(
@@ -136,11 +123,11 @@ fn follows_dubbo_providers() {
         "",
     );
     let items = until("versioned provider joins the interface", &xds, |i| {
-        find(i, GREETER).is_some_and(|g| addresses(g).contains(&"10.0.0.3".to_string()))
+        find(i, GREETER).is_some_and(|g| endpoint_addresses(g).contains(&"10.0.0.3".to_string()))
     });
     assert_eq!(items.len(), 1, "one ServiceEntry per interface: {items:?}");
     let g = find(&items, GREETER).expect("greeter");
-    assert_eq!(addresses(g), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+    assert_eq!(endpoint_addresses(g), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
     let blue = g["spec"]["endpoints"]
         .as_array()
         .and_then(|e| e.iter().find(|e| e["address"] == "10.0.0.3"))
@@ -153,7 +140,7 @@ fn follows_dubbo_providers() {
     w.delete(&p1);
     w.delete(&p2b);
     until("greeter down to the blue provider", &xds, |i| {
-        find(i, GREETER).is_some_and(|g| addresses(g) == ["10.0.0.3"])
+        find(i, GREETER).is_some_and(|g| endpoint_addresses(g) == ["10.0.0.3"])
     });
     // The writer's session ends: its ephemeral providers vanish.
     w.expire();
@@ -210,14 +197,14 @@ fn dubbo_hosts_are_the_interface_and_survive_version_bumps() {
     );
     let items = until("colliding interface served", &xds, |i| i.len() == 2);
     let o = find(&items, "com.example.orderservice").expect("kept its host");
-    assert_eq!(addresses(o), ["10.5.0.1"]);
+    assert_eq!(endpoint_addresses(o), ["10.5.0.1"]);
     let hashed = items
         .iter()
         .find(|i| i["metadata"]["name"] != "com.example.orderservice")
         .expect("hashed");
     let name = hashed["metadata"]["name"].as_str().expect("name");
     assert!(name.starts_with("com.example.orderservice-"), "{name}");
-    assert_eq!(addresses(hashed), ["10.5.0.9"]);
+    assert_eq!(endpoint_addresses(hashed), ["10.5.0.9"]);
     wait_for(Duration::from_secs(20), "collision problem", || {
         let p = a.debug()["problems"].to_string();
         (p.contains(ORDER) && p.contains(SHOUTY) && p.contains(name)).then_some(())
@@ -268,7 +255,7 @@ fn dubbo3_dual_registration_is_served_once() {
         find(i, "first-dubbo-provider").is_some()
     });
     assert_eq!(
-        addresses(find(&items, "first-dubbo-provider").expect("app")),
+        endpoint_addresses(find(&items, "first-dubbo-provider").expect("app")),
         ["10.6.0.2"]
     );
     drop(a);
@@ -278,7 +265,7 @@ fn dubbo3_dual_registration_is_served_once() {
     both.wait_ready();
     let xds = format!("xds://{}", both.grpc);
     until("both levels", &xds, |i| {
-        find(i, "first-dubbo-provider").is_some_and(|s| addresses(s).len() == 2)
+        find(i, "first-dubbo-provider").is_some_and(|s| endpoint_addresses(s).len() == 2)
             && find(i, "org.apache.dubbo.samples.api.greetingsservice").is_some()
     });
 }
@@ -337,7 +324,7 @@ fn filters_select_services_groups_and_versions() {
         ["zookeeper/com.example.orderservice", "zookeeper/web"]
     );
     assert_eq!(
-        addresses(find(&items, "com.example.orderservice").expect("order")),
+        endpoint_addresses(find(&items, "com.example.orderservice").expect("order")),
         ["10.7.0.1"]
     );
     // A new provider that the filters let through arrives; one they do not, does not.
@@ -367,7 +354,7 @@ fn filters_select_services_groups_and_versions() {
     );
     until("allowed provider added", &xds, |i| {
         find(i, "com.example.orderservice")
-            .is_some_and(|o| addresses(o) == ["10.7.0.1", "10.7.0.6"])
+            .is_some_and(|o| endpoint_addresses(o) == ["10.7.0.1", "10.7.0.6"])
     });
 }
 
@@ -470,11 +457,11 @@ fn follows_curator_and_dubbo3_instances() {
         &spring("10.1.0.2", 9090, "UP", "b"),
     );
     until("second instance", &xds, |i| {
-        find(i, "waiter-service").is_some_and(|s| addresses(s) == ["10.1.0.1", "10.1.0.2"])
+        find(i, "waiter-service").is_some_and(|s| endpoint_addresses(s) == ["10.1.0.1", "10.1.0.2"])
     });
     w.delete("/services/waiter-service/b1fdcb1e");
     until("instance deleted", &xds, |i| {
-        find(i, "waiter-service").is_some_and(|s| addresses(s) == ["10.1.0.2"])
+        find(i, "waiter-service").is_some_and(|s| endpoint_addresses(s) == ["10.1.0.2"])
     });
 }
 
@@ -512,10 +499,13 @@ fn skips_bad_data_with_problems_naming_the_znode() {
     let xds = format!("xds://{}", a.grpc);
     let items = until("good instances served", &xds, |i| i.len() == 2);
     assert_eq!(
-        addresses(find(&items, GREETER).expect("greeter")),
+        endpoint_addresses(find(&items, GREETER).expect("greeter")),
         ["10.0.0.1"]
     );
-    assert_eq!(addresses(find(&items, "web").expect("web")), ["10.1.0.1"]);
+    assert_eq!(
+        endpoint_addresses(find(&items, "web").expect("web")),
+        ["10.1.0.1"]
+    );
 
     let debug = a.debug();
     let problems = debug["problems"].to_string();
@@ -593,7 +583,7 @@ fn survives_server_restart_serving_last_good_state() {
         provider_path(GREETER, &dubbo_url("10.0.0.2", 20880, GREETER, ""))
     ));
     until("change after restart", &xds, |i| {
-        find(i, GREETER).is_some_and(|g| addresses(g) == ["10.0.0.1", "10.0.0.2"])
+        find(i, GREETER).is_some_and(|g| endpoint_addresses(g) == ["10.0.0.1", "10.0.0.2"])
     });
     // And the one after that (watches re-armed, not just one re-list).
     w.create_e(
@@ -631,7 +621,7 @@ fn survives_session_expiry() {
     );
     signal(pid, "CONT");
     until("change made during expiry", &xds, |i| {
-        find(i, GREETER).is_some_and(|g| addresses(g).len() == 2)
+        find(i, GREETER).is_some_and(|g| endpoint_addresses(g).len() == 2)
     });
     wait_for(
         Duration::from_secs(20),
@@ -643,7 +633,7 @@ fn survives_session_expiry() {
         "",
     );
     until("change after new session", &xds, |i| {
-        find(i, GREETER).is_some_and(|g| addresses(g).len() == 3)
+        find(i, GREETER).is_some_and(|g| endpoint_addresses(g).len() == 3)
     });
     w.create_e(
         "/services/late/1",
@@ -709,7 +699,7 @@ fn digest_auth_survives_reconnects() {
     w.retry("auth mesh:s3cret");
     w.retry(r#"set /services/secret/1 {"name":"secret","address":"10.4.0.3","port":80}"#);
     until("private change after restart", &xds, |i| {
-        find(i, "secret").is_some_and(|s| addresses(s) == ["10.4.0.3"])
+        find(i, "secret").is_some_and(|s| endpoint_addresses(s) == ["10.4.0.3"])
     });
     let p = a.debug()["problems"].to_string();
     assert!(!p.contains("NoAuth"), "{p}");
