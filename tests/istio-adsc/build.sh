@@ -4,8 +4,14 @@
 #   OUTDIR/adsc-watch-1.22     (istio.io/istio pinned in v1_22/go.mod)
 # Modules come through the Go module proxy into the default module cache and
 # are checked against the committed go.sum files (-mod=readonly: the build
-# never edits go.mod/go.sum). A rebuild with nothing changed takes seconds:
-# go build leaves an up-to-date binary alone.
+# never edits go.mod/go.sum). current/ is built in the workspace
+# tests/go-peers/go.work, which it shares with tests/kube-apiserver and
+# istiod (pilot-discovery), so that the packages they have in common are
+# compiled once; tests/go-peers/build.sh builds all three at once (and then
+# this script finds adsc-watch-current up to date). v1_22/ is a module of its
+# own. Both with the flags every Go peer uses (tests/go-peers/common.sh). A
+# rebuild with nothing changed takes seconds: go build leaves an up-to-date
+# binary alone.
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -16,15 +22,16 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$1"
 out="$(cd "$1" && pwd)"
 
-build() {
-  local module="$1" binary="$2"
-  # -buildvcs=false: the sources sit in the project's git checkout; stamping
-  # its state would relink the binary whenever any file of the project changes.
-  (cd "$here/$module" && go build -mod=readonly -buildvcs=false -o "$out/$binary" .)
-  local istio
+# shellcheck source=../go-peers/common.sh
+. "$here/../go-peers/common.sh"
+
+report() {
+  local binary="$1" istio
   istio="$(go version -m "$out/$binary" | awk '$1 == "dep" && $2 == "istio.io/istio" { print $3 }')"
   echo "built $out/$binary (istio.io/istio $istio, $(go env GOVERSION))"
 }
 
-build current adsc-watch-current
-build v1_22 adsc-watch-1.22
+(cd "$here/current" && peer_go_build -o "$out/adsc-watch-current" .)
+report adsc-watch-current
+(cd "$here/v1_22" && PEER_GOWORK=off peer_go_build -o "$out/adsc-watch-1.22" .)
+report adsc-watch-1.22

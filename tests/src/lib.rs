@@ -6,6 +6,7 @@
 
 pub mod consul;
 pub mod eureka;
+pub mod kube;
 pub mod zookeeper;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -193,6 +194,49 @@ impl Adapter {
     /// What the adapter logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last 30 lines of the log, for assertion messages.
+    pub fn log_tail(&self) -> String {
+        tail(&self.log(), 30)
+    }
+
+    /// Sum of a metric's samples on /metrics (0 when absent).
+    pub fn metric(&self, name: &str) -> f64 {
+        self.get("/metrics")
+            .1
+            .lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    }
+
+    /// Steady state with nothing changing in the registry, observed for `window`: no registry
+    /// errors, ready, and not one new snapshot (nothing is re-listed or re-pushed).
+    pub fn assert_steady(&self, window: Duration) {
+        let snapshots = self.metric("mcp_adapter_snapshots_total");
+        assert!(snapshots > 0.0, "no snapshot yet");
+        let end = Instant::now() + window;
+        while Instant::now() < end {
+            assert_eq!(
+                self.metric("mcp_adapter_registry_errors_total"),
+                0.0,
+                "registry errors in steady state; log:\n{}",
+                self.log_tail()
+            );
+            let (status, body) = self.get("/readyz");
+            assert_eq!(status, 200, "/readyz in steady state: {body}");
+            assert_eq!(
+                self.metric("mcp_adapter_snapshots_total"),
+                snapshots,
+                "a snapshot was built while nothing changed; log:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
 }
 
@@ -394,4 +438,10 @@ pub fn item_names(items: &[serde_json::Value]) -> Vec<String> {
 /// The mcpctl item named `name` (short name).
 pub fn find<'a>(items: &'a [serde_json::Value], name: &str) -> Option<&'a serde_json::Value> {
     items.iter().find(|i| i["metadata"]["name"] == name)
+}
+
+/// The last `lines` lines of `s`.
+pub fn tail(s: &str, lines: usize) -> String {
+    let all: Vec<&str> = s.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -24,49 +24,6 @@ fn adapter_defaults(consul: &Consul, env: &[(&str, &str)]) -> Adapter {
     Adapter::start_with_env("adapter-consul", &["--consul-addr", addr.as_str()], env)
 }
 
-/// Sum of a metric's samples on /metrics (0 when absent).
-fn metric(a: &Adapter, name: &str) -> f64 {
-    a.get("/metrics")
-        .1
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
-}
-
-/// Steady state with nothing changing in Consul, observed for `window`: no registry errors,
-/// ready, registry healthy, and not one new snapshot (nothing is re-listed or re-pushed).
-fn assert_steady(a: &Adapter, window: Duration) {
-    let snapshots = metric(a, "mcp_adapter_snapshots_total");
-    assert!(snapshots > 0.0, "no snapshot yet");
-    let end = Instant::now() + window;
-    while Instant::now() < end {
-        assert_eq!(
-            metric(a, "mcp_adapter_registry_errors_total"),
-            0.0,
-            "registry errors in steady state; log:\n{}",
-            tail(&a.log())
-        );
-        let (status, body) = a.get("/readyz");
-        assert_eq!(status, 200, "/readyz in steady state: {body}");
-        assert_eq!(
-            metric(a, "mcp_adapter_snapshots_total"),
-            snapshots,
-            "a snapshot was built while nothing changed; log:\n{}",
-            tail(&a.log())
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
-fn tail(log: &str) -> String {
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
-}
-
 /// The node of instance `i` of service `s` in [`bulk`]: spread over many nodes, as in a real
 /// cluster (Consul's per-node bookkeeping makes thousands of services on one node slow to
 /// register).
@@ -383,10 +340,10 @@ fn acl_tokens_without_and_with_rights() {
         find(i, "api").is_some()
     });
     assert_eq!(
-        metric(&good, "mcp_adapter_registry_errors_total"),
+        good.metric("mcp_adapter_registry_errors_total"),
         0.0,
         "the deleted token was used: {}",
-        tail(&good.log())
+        good.log_tail()
     );
     assert!(!good
         .log()
@@ -443,7 +400,7 @@ fn https_with_the_consul_cli_environment() {
             ["10.0.0.1"],
             "{what}"
         );
-        assert_eq!(a.get("/registryz").0, 200, "{what}: {}", tail(&a.log()));
+        assert_eq!(a.get("/registryz").0, 200, "{what}: {}", a.log_tail());
     }
 
     // Without the CA the certificate is refused, and the adapter says so.
@@ -482,13 +439,13 @@ fn five_hundred_services_of_ten_instances() {
         .iter()
         .filter(|i| is_svc(i))
         .all(|i| addresses(i).len() == 10));
-    assert_steady(&a, Duration::from_secs(4));
+    a.assert_steady(Duration::from_secs(4));
     // A change still arrives promptly.
     consul.set_check(&node_of(250, 3), "svc-250-3", "critical");
     until("change among 500", &xds, |i| {
         find(i, "svc-250").is_some_and(|w| addresses(w).len() == 9)
     });
-    assert_steady(&a, Duration::from_secs(3));
+    a.assert_steady(Duration::from_secs(3));
 }
 
 fn is_svc(item: &serde_json::Value) -> bool {
@@ -511,7 +468,7 @@ fn five_thousand_services_on_a_stock_agent() {
     let a = adapter_defaults(&consul, &[]);
     let xds = format!("xds://{}", a.grpc);
     wait_for(Duration::from_secs(60), "5,000 services served", || {
-        (metric(&a, "mcp_adapter_resources") >= N as f64).then_some(())
+        (a.metric("mcp_adapter_resources") >= N as f64).then_some(())
     });
     let first_sync = started.elapsed();
     let items = mcpctl_get(&xds);
@@ -521,19 +478,19 @@ fn five_thousand_services_on_a_stock_agent() {
         .filter(|i| is_svc(i))
         .all(|i| addresses(i).len() == 2));
     eprintln!("first full sync of {N} services: {first_sync:?}");
-    assert_steady(&a, Duration::from_secs(4));
+    a.assert_steady(Duration::from_secs(4));
 
     // Change latency: a check goes critical; measured until a new snapshot is built, then the
     // content is checked.
     let mut latencies = Vec::new();
     for (k, status) in [(17, "critical"), (4242, "critical"), (17, "passing")] {
-        let before = metric(&a, "mcp_adapter_snapshots_total");
+        let before = a.metric("mcp_adapter_snapshots_total");
         let t = Instant::now();
         consul.set_check(&node_of(k, 1), &format!("svc-{k}-1"), status);
         wait_for(
             Duration::from_secs(20),
             "a snapshot after the change",
-            || (metric(&a, "mcp_adapter_snapshots_total") > before).then_some(()),
+            || (a.metric("mcp_adapter_snapshots_total") > before).then_some(()),
         );
         latencies.push(t.elapsed());
         let want = if status == "critical" { 1 } else { 2 };
@@ -544,7 +501,7 @@ fn five_thousand_services_on_a_stock_agent() {
     eprintln!("health change latency at {N} services: {latencies:?}");
 
     // A registration (the catalog changed: every service's own index is compared).
-    let before = metric(&a, "mcp_adapter_snapshots_total");
+    let before = a.metric("mcp_adapter_snapshots_total");
     let t = Instant::now();
     consul.register(
         "node-0",
@@ -559,7 +516,7 @@ fn five_thousand_services_on_a_stock_agent() {
     wait_for(
         Duration::from_secs(30),
         "a snapshot after the registration",
-        || (metric(&a, "mcp_adapter_snapshots_total") > before).then_some(()),
+        || (a.metric("mcp_adapter_snapshots_total") > before).then_some(()),
     );
     eprintln!(
         "registration change latency at {N} services: {:?}",
@@ -567,5 +524,5 @@ fn five_thousand_services_on_a_stock_agent() {
     );
     let items = mcpctl_get(&xds);
     assert_eq!(addresses(find(&items, "svc-99").expect("svc-99")).len(), 3);
-    assert_steady(&a, Duration::from_secs(3));
+    a.assert_steady(Duration::from_secs(3));
 }

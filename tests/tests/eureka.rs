@@ -30,24 +30,6 @@ fn addresses(items: &[serde_json::Value], name: &str) -> Option<Vec<String>> {
     find(items, name).map(endpoint_addresses)
 }
 
-/// Sum of a metric's samples on /metrics (0 when absent).
-fn metric(a: &Adapter, name: &str) -> f64 {
-    a.get("/metrics")
-        .1
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
-}
-
-fn tail(log: &str) -> String {
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
-}
-
 #[test]
 #[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
 fn harness_registers_changes_and_cancels_through_the_rest_api() {
@@ -133,10 +115,10 @@ fn register_status_down_and_deregister_reach_the_sink() {
         find(i, "orders").is_none() && find(i, "payments").is_some()
     });
     assert_eq!(
-        metric(&a, "mcp_adapter_registry_errors_total"),
+        a.metric("mcp_adapter_registry_errors_total"),
         0.0,
         "{}",
-        tail(&a.log())
+        a.log_tail()
     );
 }
 
@@ -150,30 +132,30 @@ fn unchanged_registry_builds_no_snapshot_and_has_no_errors() {
     let xds = format!("xds://{}", a.grpc);
     until("orders served", &xds, |i| find(i, "orders").is_some());
 
-    let snapshots = metric(&a, "mcp_adapter_snapshots_total");
+    let snapshots = a.metric("mcp_adapter_snapshots_total");
     assert!(snapshots > 0.0, "no snapshot yet");
     // Four refresh intervals of the default 5s.
     let end = Instant::now() + Duration::from_secs(21);
     while Instant::now() < end {
         assert_eq!(
-            metric(&a, "mcp_adapter_registry_errors_total"),
+            a.metric("mcp_adapter_registry_errors_total"),
             0.0,
             "registry errors in steady state; log:\n{}",
-            tail(&a.log())
+            a.log_tail()
         );
         assert_eq!(a.get("/readyz").0, 200);
-        assert_eq!(a.get("/registryz").0, 200, "{}", tail(&a.log()));
+        assert_eq!(a.get("/registryz").0, 200, "{}", a.log_tail());
         assert_eq!(
-            metric(&a, "mcp_adapter_snapshots_total"),
+            a.metric("mcp_adapter_snapshots_total"),
             snapshots,
             "a snapshot was built while nothing changed; log:\n{}",
-            tail(&a.log())
+            a.log_tail()
         );
         std::thread::sleep(Duration::from_millis(500));
     }
     // No full fetch beyond the first: deltas matched the hashcode every time.
     let full_fetches = a.log().matches("full fetch").count();
-    assert_eq!(full_fetches, 1, "{}", tail(&a.log()));
+    assert_eq!(full_fetches, 1, "{}", a.log_tail());
 }
 
 #[test]
@@ -251,11 +233,11 @@ fn fails_over_to_the_next_url_when_the_first_server_stops() {
     until("orders-2 served from the second server", &xds, |i| {
         addresses(i, "orders").is_some_and(|v| v.len() == 2)
     });
-    assert_eq!(a.get("/registryz").0, 200, "{}", tail(&a.log()));
+    assert_eq!(a.get("/registryz").0, 200, "{}", a.log_tail());
     assert!(
         a.log().contains("switched Eureka server"),
         "{}",
-        tail(&a.log())
+        a.log_tail()
     );
 }
 
@@ -364,7 +346,7 @@ fn hashcode_mismatch_forces_a_full_fetch() {
     until("orders-2 served after a full fetch", &xds, |i| {
         addresses(i, "orders").is_some_and(|v| v.len() == 2)
     });
-    assert!(a.log().contains("hashcode mismatch"), "{}", tail(&a.log()));
+    assert!(a.log().contains("hashcode mismatch"), "{}", a.log_tail());
 }
 
 #[test]
@@ -415,12 +397,12 @@ fn server_with_deltas_disabled_is_read_in_full() {
         addresses(i, "orders").is_some_and(|v| v.len() == 2)
     });
     assert_eq!(
-        metric(&a, "mcp_adapter_registry_errors_total"),
+        a.metric("mcp_adapter_registry_errors_total"),
         0.0,
         "{}",
-        tail(&a.log())
+        a.log_tail()
     );
-    assert!(a.log().contains("refuses deltas"), "{}", tail(&a.log()));
+    assert!(a.log().contains("refuses deltas"), "{}", a.log_tail());
 }
 
 #[test]
