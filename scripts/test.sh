@@ -22,6 +22,7 @@ need cargo "install Rust with rustup"
 need go "install Go >= 1.25 (the Istio client needs it)"
 need java "install a JDK >= 17 (the Eureka test server needs it)"
 need mvn "install Maven (it builds the Eureka test server)"
+need curl "install curl (the Kubernetes API server harness talks to it through curl)"
 
 echo "==> building Istio's MCP client, istiod and kube-apiserver (tests/go-peers: one Go build list)"
 tests/go-peers/build.sh target
