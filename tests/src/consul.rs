@@ -6,26 +6,16 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{free_addr, http, target_dir, wait_for};
+use crate::{free_addr, http, peer_binary, wait_for};
 
 /// Directory of the consul binary.
 pub fn consul_bin() -> PathBuf {
-    let dir = std::env::var_os("CONSUL_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            target_dir()
-                .parent()
-                .map(|t| t.join("consul"))
-                .unwrap_or_default()
-        });
-    let bin = dir.join("consul");
-    assert!(
-        bin.exists(),
-        "{} missing: build it with tests/consul/build.sh {} (the README's test command does)",
-        bin.display(),
-        dir.display()
-    );
-    bin
+    peer_binary(
+        "CONSUL_BIN_DIR",
+        "consul",
+        "consul",
+        "tests/consul/build.sh target/consul",
+    )
 }
 
 /// A running dev-mode Consul agent, killed on drop.

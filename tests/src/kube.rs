@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::{free_addr, tail, target_dir};
+use crate::{free_addr, peer_binary, tail};
 
 /// Token of `admin` (group `system:masters`: everything allowed).
 pub const ADMIN_TOKEN: &str = "test-token";
@@ -25,22 +25,12 @@ pub const NOBODY_TOKEN: &str = "nobody-token";
 
 /// The kube-apiserver-test binary.
 pub fn kube_bin() -> PathBuf {
-    let dir = std::env::var_os("KUBE_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            target_dir()
-                .parent()
-                .map(|t| t.join("kube"))
-                .unwrap_or_default()
-        });
-    let bin = dir.join("kube-apiserver-test");
-    assert!(
-        bin.exists(),
-        "{} missing: build it with tests/kube-apiserver/build.sh {} (the README's test command does)",
-        bin.display(),
-        dir.display()
-    );
-    bin
+    peer_binary(
+        "KUBE_BIN_DIR",
+        "kube",
+        "kube-apiserver-test",
+        "tests/go-peers/build.sh target",
+    )
 }
 
 /// A static-token user for [`KubeApiServer::start_with`].

@@ -265,6 +265,23 @@ pub struct Adsc {
     pub seen: Vec<serde_json::Value>,
 }
 
+/// A test peer's binary `name` in the directory `$env` names (default `target/<default_dir>`),
+/// which the command `build` makes; panics with that hint when it is missing.
+pub fn peer_binary(env: &str, default_dir: &str, name: &str, build: &str) -> PathBuf {
+    let dir = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+        target_dir()
+            .parent()
+            .map(|t| t.join(default_dir))
+            .unwrap_or_default()
+    });
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} missing: build it with {build} (the README's test command does)",
+        bin.display()
+    );
+    bin
+}
 /// Directory of the adsc-watch binaries.
 pub fn adsc_dir() -> PathBuf {
     std::env::var_os("ADSC_WATCH_DIR")
