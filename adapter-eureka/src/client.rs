@@ -1,7 +1,7 @@
 //! Eureka's read API over HTTP: JSON only, basic auth, failover across the configured servers.
 //!
 //! A request goes to the current server; when it is unreachable or answers 5xx the next one is
-//! tried, in order, and becomes current. After [`FAILBACK_AFTER`] on a fallback server the first
+//! tried, in order, and becomes current. After `--failback-after` on a fallback server the first
 //! (preferred) one is tried again. Callers see which server answered, because a delta from a
 //! different server than the last one is meaningless (each server has its own delta queue).
 
@@ -13,9 +13,6 @@ use reqwest::StatusCode;
 
 use crate::config::EurekaConfig;
 use crate::dto::{Applications, Root};
-
-/// How long a fallback server is kept before the preferred one is tried again.
-pub const FAILBACK_AFTER: Duration = Duration::from_secs(60);
 
 /// Why a request (to every server) failed, or why the client cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +125,8 @@ pub struct Client {
     bases: Vec<String>,
     creds: Option<Credentials>,
     current: Mutex<Current>,
+    /// How long a fallback server is kept before the preferred one is tried again.
+    failback_after: Duration,
 }
 
 /// A parsed answer and the index of the server that gave it.
@@ -196,6 +195,7 @@ impl Client {
                 index: 0,
                 since: Instant::now(),
             }),
+            failback_after: cfg.failback_after,
         })
     }
 
@@ -216,7 +216,7 @@ impl Client {
 
     fn start_index(&self) -> usize {
         let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if cur.index != 0 && cur.since.elapsed() >= FAILBACK_AFTER {
+        if cur.index != 0 && cur.since.elapsed() >= self.failback_after {
             cur.index = 0;
             cur.since = Instant::now();
         }

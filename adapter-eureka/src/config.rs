@@ -31,6 +31,10 @@ pub struct EurekaConfig {
     #[arg(long = "eureka-timeout", env = "MCP_EUREKA_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
 
+    /// How long a fallback server is used before the first (preferred) URL is tried again.
+    #[arg(long, env = "MCP_EUREKA_FAILBACK_AFTER", default_value = "60s", value_parser = parse_duration)]
+    pub failback_after: Duration,
+
     /// After a server switch or a server restart, a registry that shrank to nothing is not
     /// served for this long (Eureka servers start empty and fill as clients re-register).
     #[arg(long, env = "MCP_EUREKA_STARTUP_GRACE", default_value = "60s", value_parser = parse_duration)]

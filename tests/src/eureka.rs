@@ -40,6 +40,9 @@ pub struct Eureka {
     args: Vec<String>,
     /// `Authorization` header value when the server requires basic auth.
     auth: Option<String>,
+    /// Directory of [`crate::pki::make_pki`]'s files when the server speaks HTTPS and demands a
+    /// client certificate.
+    tls: Option<PathBuf>,
 }
 
 /// One instance to register.
@@ -125,6 +128,7 @@ impl Eureka {
             starts: 0,
             args: args.iter().map(|a| a.to_string()).collect(),
             auth: None,
+            tls: None,
         };
         e.spawn();
         e
@@ -144,9 +148,77 @@ impl Eureka {
                 format!("--spring.security.user.password={password}"),
             ],
             auth: Some(format!("Basic {}", base64(&format!("{user}:{password}")))),
+            tls: None,
         };
         e.spawn();
         e
+    }
+
+    /// A server on HTTPS only, with the server certificate of `pki` (a [`crate::pki::make_pki`]
+    /// directory), demanding a client certificate signed by its CA (the harness's own requests
+    /// present `client.crt`).
+    pub fn start_with_tls(pki: &std::path::Path) -> Eureka {
+        let file = |f: &str| format!("file:{}", pki.join(f).display());
+        let mut e = Eureka {
+            child: None,
+            addr: free_addr(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            starts: 0,
+            args: vec![
+                "--server.ssl.enabled=true".into(),
+                format!("--server.ssl.certificate={}", file("server.crt")),
+                format!(
+                    "--server.ssl.certificate-private-key={}",
+                    file("server.key")
+                ),
+                format!("--server.ssl.trust-certificate={}", file("ca.crt")),
+                "--server.ssl.client-auth=need".into(),
+            ],
+            auth: None,
+            tls: Some(pki.to_path_buf()),
+        };
+        e.spawn();
+        e
+    }
+
+    /// One request: plain HTTP, or curl with the client certificate when the server is HTTPS.
+    fn send(&self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+        let headers = self.headers(!body.is_empty());
+        let Some(pki) = &self.tls else {
+            return http(self.addr, method, path, &headers, body);
+        };
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "--silent",
+            "--show-error",
+            "--max-time",
+            "30",
+            "--request",
+            method,
+        ])
+        .arg("--cacert")
+        .arg(pki.join("ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("client.crt"))
+        .arg("--key")
+        .arg(pki.join("client.key"))
+        .args(["--write-out", "\n%{http_code}"]);
+        for (k, v) in &headers {
+            cmd.arg("--header").arg(format!("{k}: {v}"));
+        }
+        if !body.is_empty() {
+            cmd.args(["--data-binary", body]);
+        }
+        let out = cmd.arg(format!("https://{}{path}", self.addr)).output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            ));
+        }
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (resp, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let status = code.trim().parse().map_err(std::io::Error::other)?;
+        Ok((status, resp.to_string()))
     }
 
     fn headers(&self, body: bool) -> Vec<(&str, &str)> {
@@ -202,9 +274,7 @@ impl Eureka {
     }
 
     fn apps_status(&self) -> Option<u16> {
-        http(self.addr, "GET", "/eureka/apps", &self.headers(false), "")
-            .ok()
-            .map(|(s, _)| s)
+        self.send("GET", "/eureka/apps", "").ok().map(|(s, _)| s)
     }
 
     /// Kills the server (its registry is gone: Eureka keeps nothing on disk).
@@ -223,7 +293,8 @@ impl Eureka {
 
     /// The base URL for `--eureka-url`.
     pub fn url(&self) -> String {
-        format!("http://{}/eureka", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}/eureka", self.addr)
     }
 
     /// The server's log (current run).
@@ -233,8 +304,7 @@ impl Eureka {
     }
 
     fn call(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let headers = self.headers(!body.is_empty());
-        http(self.addr, method, &format!("/eureka{path}"), &headers, body)
+        self.send(method, &format!("/eureka{path}"), body)
             .unwrap_or_else(|e| panic!("eureka {method} {path}: {e}"))
     }
 

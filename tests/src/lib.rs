@@ -7,6 +7,7 @@
 pub mod consul;
 pub mod eureka;
 pub mod kube;
+pub mod pki;
 pub mod zookeeper;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::eureka::{Eureka, Instance};
+use e2e::pki::make_pki;
 use e2e::{endpoint_addresses, find, mcpctl_get, wait_for, Adapter};
 
 /// A change must reach the sink within this: one 5s refresh, plus a loaded machine.
@@ -221,7 +222,14 @@ fn fails_over_to_the_next_url_when_the_first_server_stops() {
     let (u1, u2) = (first.url(), second.url());
     let a = Adapter::start(
         "adapter-eureka",
-        &["--eureka-url", u1.as_str(), "--eureka-url", u2.as_str()],
+        &[
+            "--eureka-url",
+            u1.as_str(),
+            "--eureka-url",
+            u2.as_str(),
+            "--failback-after",
+            "3s",
+        ],
     );
     a.wait_ready();
     let xds = format!("xds://{}", a.grpc);
@@ -239,6 +247,18 @@ fn fails_over_to_the_next_url_when_the_first_server_stops() {
         "{}",
         a.log_tail()
     );
+
+    // The first server back (empty, then its clients re-register; here with an instance only it
+    // has): after --failback-after the adapter returns to it.
+    first.restart();
+    for id in ["orders-1", "orders-2"] {
+        first.register(&Instance::new("orders", id, "10.0.0.1", 8080));
+    }
+    first.register(&Instance::new("orders", "orders-9", "10.0.0.9", 8080));
+    until("served from the first server again", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v.contains(&"10.0.0.9".to_string()))
+    });
+    assert_eq!(a.get("/registryz").0, 200, "{}", a.log_tail());
 }
 
 #[test]
@@ -456,4 +476,78 @@ fn basic_auth_from_env_or_file_and_never_logged() {
     for a in [&none, &env, &from_file] {
         assert!(!a.log().contains(password), "password logged:\n{}", a.log());
     }
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn https_with_a_custom_ca_and_a_client_certificate() {
+    let pki = tempfile::tempdir().expect("tempdir");
+    make_pki(pki.path());
+    let eureka = Eureka::start_with_tls(pki.path());
+    eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
+    let url = eureka.url();
+    assert!(url.starts_with("https://"), "{url}");
+    let file = |f: &str| pki.path().join(f).display().to_string();
+    let (ca, cert, key) = (file("ca.crt"), file("client.crt"), file("client.key"));
+
+    // CA and client certificate: served.
+    let a = Adapter::start(
+        "adapter-eureka",
+        &[
+            "--eureka-url",
+            &url,
+            "--eureka-ca",
+            &ca,
+            "--eureka-client-cert",
+            &cert,
+            "--eureka-client-key",
+            &key,
+        ],
+    );
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("orders over HTTPS", &xds, |i| {
+        addresses(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
+    });
+    assert_eq!(
+        a.metric("mcp_adapter_registry_errors_total"),
+        0.0,
+        "{}",
+        a.log_tail()
+    );
+
+    // The CA but no client certificate: the server refuses the handshake, and /registryz says
+    // the registry cannot be read.
+    let no_cert = Adapter::start(
+        "adapter-eureka",
+        &["--eureka-url", &url, "--eureka-ca", &ca],
+    );
+    let body = wait_for(
+        CHANGE_TIMEOUT,
+        "/registryz 503 without a client certificate",
+        || {
+            let (status, body) = no_cert.get("/registryz");
+            (status == 503 && no_cert.metric("mcp_adapter_registry_errors_total") > 0.0)
+                .then_some(body)
+        },
+    );
+    assert!(body.contains(&url) || body.contains("127.0.0.1"), "{body}");
+    assert_eq!(no_cert.get("/readyz").0, 503, "never synced");
+
+    // A client certificate but not the CA: the server's certificate is not trusted.
+    let no_ca = Adapter::start(
+        "adapter-eureka",
+        &[
+            "--eureka-url",
+            &url,
+            "--eureka-client-cert",
+            &cert,
+            "--eureka-client-key",
+            &key,
+        ],
+    );
+    wait_for(CHANGE_TIMEOUT, "registry errors without the CA", || {
+        (no_ca.metric("mcp_adapter_registry_errors_total") > 0.0).then_some(())
+    });
+    assert_eq!(no_ca.get("/readyz").0, 503, "never synced");
 }

@@ -4,80 +4,8 @@
 use std::path::Path;
 use std::process::Command;
 
+use e2e::pki::make_pki;
 use e2e::{workspace_bin, Adapter};
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl is needed for the TLS tests");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA.
-fn make_pki(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=test-ca",
-    ]);
-    openssl(dir, &ca);
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("ext");
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").expect("ext");
-    for (who, ext) in [("server", "server.ext"), ("client", "client.ext")] {
-        let key = format!("{who}.key");
-        let csr = format!("{who}.csr");
-        let crt = format!("{who}.crt");
-        let subj = format!("/CN={who}");
-        let mut req = vec!["req"];
-        req.extend(ec);
-        req.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
-        openssl(dir, &req);
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &crt,
-                "-days",
-                "2",
-                "-extfile",
-                ext,
-            ],
-        );
-    }
-}
 
 fn mcpctl(server: &str, extra: &[&str]) -> std::process::Output {
     Command::new(workspace_bin("mcpctl"))
