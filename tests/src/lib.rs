@@ -6,6 +6,7 @@
 
 pub mod consul;
 pub mod eureka;
+pub mod istiod;
 pub mod kube;
 pub mod pki;
 pub mod zookeeper;
