@@ -39,6 +39,9 @@ tests/eureka/build.sh target/eureka
 echo "==> installing ZooKeeper (Debian package)"
 scripts/install-zookeeper.sh
 
+echo "==> building compose-check (docker/compose-check: compose-go validates docker/compose.yaml; Go module proxy; warm: ~1 s)"
+(cd docker/compose-check && GOWORK=off go build -buildvcs=false -o ../../target/compose-check .)
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -51,4 +54,4 @@ cargo build --workspace --bins --examples
 echo "==> cargo test (including tests that need real peers)"
 ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
-  EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" cargo test --workspace -- --include-ignored
+  EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" cargo test --workspace -- --include-ignored
