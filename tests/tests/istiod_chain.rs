@@ -1,6 +1,6 @@
 //! The whole chain with Istio's real, unmodified istiod (`pilot-discovery`): real Consul,
-//! ZooKeeper (a Dubbo provider) and Kubernetes API server, a ServiceEntry file, each read by
-//! its adapter with default flags, and istiod reading all four adapters through `configSources:
+//! ZooKeeper (a Dubbo provider), Eureka and Kubernetes API server, a ServiceEntry file, each read
+//! by its adapter with default flags, and istiod reading all five adapters through `configSources:
 //! xds://...`. istiod stores every ServiceEntry (its memory store validates each one), shows
 //! their services in the External registry with their endpoints, follows changes in Consul and
 //! Kubernetes, and logs no rejection of our config.
@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use e2e::eureka::{Eureka, Instance};
 use e2e::istiod::Istiod;
 use e2e::kube::{ready, service, slice, KubeApiServer};
 use e2e::zookeeper::{provider_path, Writer, ZooKeeper};
@@ -119,7 +120,7 @@ fn entries(items: &[Value]) -> Vec<(String, String, String)> {
 }
 
 #[test]
-#[ignore = "needs pilot-discovery, kube-apiserver, consul and zookeeper: tests/go-peers/build.sh target; tests/consul/build.sh target/consul; scripts/install-zookeeper.sh"]
+#[ignore = "needs pilot-discovery, kube-apiserver, consul, zookeeper and eureka: tests/go-peers/build.sh target; tests/consul/build.sh target/consul; scripts/install-zookeeper.sh; tests/eureka/build.sh target/eureka"]
 fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     let started = Instant::now();
 
@@ -163,6 +164,12 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         "",
     );
 
+    // Eureka: one app with two UP instances.
+    let eureka = Eureka::start();
+    for (id, ip) in [("orders-1", "10.4.0.1"), ("orders-2", "10.4.0.2")] {
+        eureka.register(&Instance::new("orders", id, ip, 8080));
+    }
+
     // A ServiceEntry file.
     let files = tempfile::tempdir().expect("tempdir");
     std::fs::write(files.path().join("billing.yaml"), FILE_SE).expect("write SE file");
@@ -176,7 +183,9 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     let a_zk = Adapter::start("adapter-zookeeper", &["--zk-servers", zk_servers.as_str()]);
     let a_file = Adapter::start("adapter-file", &["--path", files_path.as_str()]);
     let a_kube = Adapter::start("adapter-kube", &["--kubeconfig", kubeconfig.as_str()]);
-    for a in [&a_consul, &a_zk, &a_file, &a_kube] {
+    let eureka_url = eureka.url();
+    let a_eureka = Adapter::start("adapter-eureka", &["--eureka-url", eureka_url.as_str()]);
+    for a in [&a_consul, &a_zk, &a_file, &a_kube, &a_eureka] {
         a.wait_ready();
     }
     let consul_items = served("consul payments x2", &a_consul, |i| {
@@ -184,6 +193,9 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     });
     let zk_items = served("zookeeper greeter", &a_zk, |i| find(i, GREETER).is_some());
     let file_items = served("file billing", &a_file, |i| find(i, "billing").is_some());
+    let eureka_items = served("eureka orders x2", &a_eureka, |i| {
+        find(i, "orders").is_some_and(|o| endpoint_addresses(o).len() == 2)
+    });
     let kube_items = served("kube shop/web x2", &a_kube, |i| {
         i.iter()
             .any(|w| w["metadata"]["namespace"] == "shop" && endpoint_addresses(w).len() == 2)
@@ -203,23 +215,30 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         .expect("shop/web served by adapter-kube");
     let web_host = web["spec"]["hosts"][0].as_str().expect("host").to_string();
     eprintln!(
-        "adapters serve: consul {:?}, zookeeper {:?}, file {:?}, kube {:?} ({:?} since start)",
+        "adapters serve: consul {:?}, zookeeper {:?}, file {:?}, kube {:?}, eureka {:?} ({:?} since start)",
         item_names(&consul_items),
         item_names(&zk_items),
         item_names(&file_items),
         item_names(&kube_items),
+        item_names(&eureka_items),
         started.elapsed()
     );
 
     // istiod, after every source is up (one that is down at its start makes it exit).
     let t = Instant::now();
     let istiod = Istiod::start(
-        &[a_consul.grpc, a_zk.grpc, a_file.grpc, a_kube.grpc],
+        &[
+            a_consul.grpc,
+            a_zk.grpc,
+            a_file.grpc,
+            a_kube.grpc,
+            a_eureka.grpc,
+        ],
         &kube.kubeconfig(),
     );
     eprintln!("istiod ready in {:?}", t.elapsed());
     let log = istiod.log();
-    for a in [&a_consul, &a_zk, &a_file, &a_kube] {
+    for a in [&a_consul, &a_zk, &a_file, &a_kube, &a_eureka] {
         let line = format!("Started XDS configSource xds://{}", a.grpc);
         assert!(
             log.contains(&line),
@@ -230,10 +249,16 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
 
     // 1. Every ServiceEntry of every adapter is in istiod's config store, with the same hosts,
     // and its service is in the External registry.
-    let all: Vec<(String, String, String)> = [&consul_items, &zk_items, &file_items, &kube_items]
-        .into_iter()
-        .flat_map(|items| entries(items))
-        .collect();
+    let all: Vec<(String, String, String)> = [
+        &consul_items,
+        &zk_items,
+        &file_items,
+        &kube_items,
+        &eureka_items,
+    ]
+    .into_iter()
+    .flat_map(|items| entries(items))
+    .collect();
     // No `k8s://` source: configz holds exactly what the adapters serve, nothing dropped.
     let mut want: Vec<String> = all.iter().map(|(n, _, _)| n.clone()).collect();
     want.sort();
@@ -241,7 +266,13 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         let c = istiod.debug("configz");
         (configz_service_entries(&c) == want).then_some(c)
     });
-    for items in [&consul_items, &zk_items, &file_items, &kube_items] {
+    for items in [
+        &consul_items,
+        &zk_items,
+        &file_items,
+        &kube_items,
+        &eureka_items,
+    ] {
         for (item, (n, ns, host)) in items.iter().zip(entries(items)) {
             let e = configz_entry(&configz, &n).expect("in configz");
             assert_eq!(e["metadata"]["namespace"], json!(ns), "{n}");
@@ -315,7 +346,7 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         .filter(|l| l.contains("\tadsc\tReceived") && l.contains("ServiceEntry"))
         .count();
     assert!(
-        received >= 4,
+        received >= 5,
         "istiod logged {received} ServiceEntry responses:\n{}",
         istiod.log_tail(60)
     );
