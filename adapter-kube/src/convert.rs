@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Service as KubeService;
+use k8s_openapi::api::core::v1::{Service as KubeService, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint as SliceEndpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
@@ -82,7 +82,8 @@ pub fn convert_service(cluster: &Cluster, key: &ObjKey, s: &Settings) -> Convert
     };
     let (ns, name) = key;
     let origin = format!("kubernetes service {ns}/{name}");
-    let spec = svc.spec.clone().unwrap_or_default();
+    let no_spec = ServiceSpec::default();
+    let spec = svc.spec.as_ref().unwrap_or(&no_spec);
 
     let ports = served_ports(svc, &origin, &mut out.problems);
     if ports.is_empty() {
@@ -156,13 +157,9 @@ pub fn convert_service(cluster: &Cluster, key: &ObjKey, s: &Settings) -> Convert
 
 /// The Service's ports; SCTP ones (which no sidecar proxies) are skipped with a problem.
 fn served_ports(svc: &KubeService, origin: &str, problems: &mut Vec<String>) -> Vec<ServedPort> {
-    let spec_ports = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.clone())
-        .unwrap_or_default();
+    let spec_ports = svc.spec.as_ref().and_then(|s| s.ports.as_deref());
     let mut out = Vec::new();
-    for (i, p) in spec_ports.iter().enumerate() {
+    for (i, p) in spec_ports.unwrap_or_default().iter().enumerate() {
         let transport = p.protocol.as_deref().unwrap_or("TCP");
         if transport != "TCP" && transport != "UDP" {
             problems.push(format!(
@@ -331,7 +328,7 @@ fn service_accounts(endpoints: &[Endpoint], ns: &str, trust_domain: &str) -> Vec
 mod tests {
     use super::*;
     use crate::state::{Item, PodInfo, Topology, SERVICE_NAME_LABEL};
-    use k8s_openapi::api::core::v1::{ObjectReference, ServicePort, ServiceSpec};
+    use k8s_openapi::api::core::v1::{ObjectReference, ServicePort};
     use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointPort};
     use kube::api::ObjectMeta;
 

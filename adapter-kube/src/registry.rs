@@ -232,7 +232,7 @@ impl Inner {
                     cluster.replace(source.kind, source.scope.as_deref(), items);
                     source.listed = true;
                     if sources.iter().all(|s| s.listed) {
-                        sent = self.reset(&cluster, &tx, !synced).await?;
+                        sent = self.reset(&cluster, &tx).await?;
                         synced = true;
                     }
                 }
@@ -258,7 +258,6 @@ impl Inner {
         &self,
         cluster: &Cluster,
         tx: &EventSender,
-        first: bool,
     ) -> Result<BTreeSet<ObjKey>, RegistryError> {
         let mut services: Vec<Service> = Vec::new();
         let mut sent = BTreeSet::new();
@@ -273,23 +272,13 @@ impl Inner {
                 sent.insert(key);
             }
         }
-        let problem_events = {
-            let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
-            if first {
-                // A new watch: the core may hold scopes from before that this ledger forgot.
-                let old: Vec<String> = ledger.scopes().map(String::from).collect();
-                ledger.forget();
-                let mut now = problems;
-                for s in old {
-                    now.entry(s).or_default();
-                }
-                let events: Vec<RegistryEvent> =
-                    now.into_iter().map(|(s, p)| ledger.record(&s, p)).collect();
-                events
-            } else {
-                ledger.replace_all(problems)
-            }
-        };
+        // The ledger outlives watches, as the core's problems do: a new watch's Reset clears the
+        // scopes that no longer have problems.
+        let problem_events = self
+            .ledger
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace_all(problems);
         tracing::info!(services = services.len(), "cluster listed");
         tx.send(RegistryEvent::Reset(services)).await?;
         for e in problem_events {

@@ -105,7 +105,8 @@ struct SliceEntry {
 pub struct Cluster {
     services: BTreeMap<ObjKey, KubeService>,
     slices: BTreeMap<ObjKey, SliceEntry>,
-    by_service: BTreeMap<ObjKey, BTreeSet<String>>,
+    /// Service -> the keys of its slices.
+    by_service: BTreeMap<ObjKey, BTreeSet<ObjKey>>,
     nodes: BTreeMap<String, Topology>,
     pods: BTreeMap<ObjKey, PodInfo>,
     /// Which slices name a pod as an endpoint's target.
@@ -129,12 +130,11 @@ impl Cluster {
 
     /// The EndpointSlices of a Service, by slice name.
     pub fn slices_of<'a>(&'a self, key: &ObjKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
-        let ns = key.0.clone();
         self.by_service
             .get(key)
             .into_iter()
             .flatten()
-            .filter_map(move |name| self.slices.get(&(ns.clone(), name.clone())))
+            .filter_map(|slice| self.slices.get(slice))
             .map(|e| &e.slice)
     }
 
@@ -256,7 +256,7 @@ impl Cluster {
         self.by_service
             .entry(service.clone())
             .or_default()
-            .insert(name.clone());
+            .insert((ns.clone(), name.clone()));
         self.slices.insert(
             (ns, name),
             SliceEntry {
@@ -281,7 +281,7 @@ impl Cluster {
             }
         }
         if let Some(set) = self.by_service.get_mut(&entry.service) {
-            set.remove(&key.1);
+            set.remove(key);
             if set.is_empty() {
                 self.by_service.remove(&entry.service);
             }

@@ -440,6 +440,24 @@ pub fn mcpctl_get(server: &str) -> Vec<serde_json::Value> {
     list["items"].as_array().cloned().unwrap_or_default()
 }
 
+/// What `xds` serves (through mcpctl, as a sink sees it) once `pred` holds, within `timeout`.
+pub fn wait_served(
+    timeout: Duration,
+    what: &str,
+    xds: &str,
+    pred: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    wait_for(timeout, what, || {
+        let items = mcpctl_get(xds);
+        pred(&items).then_some(items)
+    })
+}
+
+/// The sorted endpoint addresses of the mcpctl item named `name`, if it is served.
+pub fn addresses_of(items: &[serde_json::Value], name: &str) -> Option<Vec<String>> {
+    find(items, name).map(endpoint_addresses)
+}
+
 /// `namespace/name` of mcpctl items.
 pub fn item_names(items: &[serde_json::Value]) -> Vec<String> {
     items

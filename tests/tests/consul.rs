@@ -55,10 +55,7 @@ fn until(
     xds: &str,
     pred: impl Fn(&[serde_json::Value]) -> bool,
 ) -> Vec<serde_json::Value> {
-    wait_for(Duration::from_secs(20), what, || {
-        let items = mcpctl_get(xds);
-        pred(&items).then_some(items)
-    })
+    e2e::wait_served(Duration::from_secs(20), what, xds, pred)
 }
 
 fn addresses(item: &serde_json::Value) -> Vec<String> {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use e2e::eureka::{Eureka, Instance};
 use e2e::pki::make_pki;
-use e2e::{endpoint_addresses, find, mcpctl_get, wait_for, Adapter};
+use e2e::{addresses_of, find, mcpctl_get, wait_for, Adapter};
 
 /// A change must reach the sink within this: one 5s refresh, plus a loaded machine.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -21,14 +21,7 @@ fn until(
     xds: &str,
     pred: impl Fn(&[serde_json::Value]) -> bool,
 ) -> Vec<serde_json::Value> {
-    wait_for(CHANGE_TIMEOUT, what, || {
-        let items = mcpctl_get(xds);
-        pred(&items).then_some(items)
-    })
-}
-
-fn addresses(items: &[serde_json::Value], name: &str) -> Option<Vec<String>> {
-    find(items, name).map(endpoint_addresses)
+    e2e::wait_served(CHANGE_TIMEOUT, what, xds, pred)
 }
 
 #[test]
@@ -73,7 +66,7 @@ fn register_status_down_and_deregister_reach_the_sink() {
     let xds = format!("xds://{}", a.grpc);
 
     let items = until("orders served with two endpoints", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
     });
     let orders = find(&items, "orders").expect("orders");
     assert_eq!(orders["metadata"]["namespace"], "eureka");
@@ -94,19 +87,19 @@ fn register_status_down_and_deregister_reach_the_sink() {
     // DOWN (an operator's override): its endpoint goes, the other stays.
     eureka.set_status("orders", "orders-1", "DOWN");
     until("orders-1 gone after DOWN", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v == ["10.0.0.2"])
+        addresses_of(i, "orders").is_some_and(|v| v == ["10.0.0.2"])
     });
     // Back UP.
     eureka.clear_status("orders", "orders-1");
     until("orders-1 back after UP", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
     });
 
     // Every instance OUT_OF_SERVICE: kept with no endpoints (default --on-empty keep).
     eureka.set_status("orders", "orders-1", "OUT_OF_SERVICE");
     eureka.set_status("orders", "orders-2", "OUT_OF_SERVICE");
     until("orders kept with no endpoints", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v.is_empty())
+        addresses_of(i, "orders").is_some_and(|v| v.is_empty())
     });
 
     // Cancel: the app leaves Eureka, its ServiceEntry goes.
@@ -178,7 +171,7 @@ fn server_down_keeps_the_last_good_state() {
     assert_eq!(a.get("/readyz").0, 200, "the last good state is served");
     let items = mcpctl_get(&xds);
     assert_eq!(
-        addresses(&items, "orders"),
+        addresses_of(&items, "orders"),
         Some(vec!["10.0.0.1".to_string()]),
         "last good state served to a new sink"
     );
@@ -194,7 +187,7 @@ fn bad_ip_skips_one_instance_with_a_problem_naming_it() {
     a.wait_ready();
     let xds = format!("xds://{}", a.grpc);
     until("orders served with its good instance", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
+        addresses_of(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
     });
     let problems = a.debug()["problems"].to_string();
     assert!(
@@ -239,7 +232,7 @@ fn fails_over_to_the_next_url_when_the_first_server_stops() {
     // A change only the second server knows arrives: the adapter switched to it.
     second.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
     until("orders-2 served from the second server", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
     });
     assert_eq!(a.get("/registryz").0, 200, "{}", a.log_tail());
     assert!(
@@ -256,7 +249,7 @@ fn fails_over_to_the_next_url_when_the_first_server_stops() {
     }
     first.register(&Instance::new("orders", "orders-9", "10.0.0.9", 8080));
     until("served from the first server again", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v.contains(&"10.0.0.9".to_string()))
+        addresses_of(i, "orders").is_some_and(|v| v.contains(&"10.0.0.9".to_string()))
     });
     assert_eq!(a.get("/registryz").0, 200, "{}", a.log_tail());
 }
@@ -288,7 +281,7 @@ fn restarted_empty_server_is_not_believed_during_the_startup_grace() {
             .then_some(())
     });
     assert_eq!(
-        addresses(&mcpctl_get(&xds), "orders"),
+        addresses_of(&mcpctl_get(&xds), "orders"),
         Some(vec!["10.0.0.1".to_string()]),
         "last state served during the grace"
     );
@@ -338,7 +331,7 @@ fn lease_expiry_removes_the_instance() {
     // No heartbeats for orders-2: the server evicts it (self-preservation is off), the delta
     // says DELETED.
     until("orders-2 expired", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
+        addresses_of(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
     });
     assert!(eureka
         .statuses("orders")
@@ -364,7 +357,7 @@ fn hashcode_mismatch_forces_a_full_fetch() {
 
     eureka.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
     until("orders-2 served after a full fetch", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
     });
     assert!(a.log().contains("hashcode mismatch"), "{}", a.log_tail());
 }
@@ -398,7 +391,7 @@ fn two_hundred_apps_of_five_instances() {
     // One change among them is a delta touching one app.
     eureka.set_status("app-7", "app-7-0", "DOWN");
     until("app-7 down to four", &xds, |i| {
-        addresses(i, "app-7").is_some_and(|v| v.len() == 4)
+        addresses_of(i, "app-7").is_some_and(|v| v.len() == 4)
     });
 }
 
@@ -414,7 +407,7 @@ fn server_with_deltas_disabled_is_read_in_full() {
     until("orders served", &xds, |i| find(i, "orders").is_some());
     eureka.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
     until("orders-2 served", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v.len() == 2)
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
     });
     assert_eq!(
         a.metric("mcp_adapter_registry_errors_total"),
@@ -507,7 +500,7 @@ fn https_with_a_custom_ca_and_a_client_certificate() {
     a.wait_ready();
     let xds = format!("xds://{}", a.grpc);
     until("orders over HTTPS", &xds, |i| {
-        addresses(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
+        addresses_of(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
     });
     assert_eq!(
         a.metric("mcp_adapter_registry_errors_total"),

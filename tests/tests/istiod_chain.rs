@@ -13,7 +13,7 @@ use e2e::eureka::{Eureka, Instance};
 use e2e::istiod::Istiod;
 use e2e::kube::{ready, service, slice, KubeApiServer};
 use e2e::zookeeper::{provider_path, Writer, ZooKeeper};
-use e2e::{endpoint_addresses, find, item_names, mcpctl_get, wait_for, Adapter};
+use e2e::{endpoint_addresses, find, item_names, wait_for, Adapter};
 
 const GREETER: &str = "com.example.greeter";
 
@@ -30,11 +30,12 @@ spec:
 
 /// What an adapter serves (through mcpctl, as any sink sees it), once `pred` holds.
 fn served(what: &str, a: &Adapter, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let xds = format!("xds://{}", a.grpc);
-    wait_for(Duration::from_secs(60), what, || {
-        let items = mcpctl_get(&xds);
-        pred(&items).then_some(items)
-    })
+    e2e::wait_served(
+        Duration::from_secs(60),
+        what,
+        &format!("xds://{}", a.grpc),
+        pred,
+    )
 }
 
 /// `namespace/name` of every ServiceEntry in istiod's /debug/configz.

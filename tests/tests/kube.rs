@@ -11,7 +11,7 @@ use e2e::kube::{
     not_ready, ready, service, services_path, slice, slices_path, terminating, KubeApiServer,
     TokenUser,
 };
-use e2e::{endpoint_addresses, find, item_names, mcpctl_get, wait_for, Adapter};
+use e2e::{addresses_of, endpoint_addresses, find, item_names, mcpctl_get, wait_for, Adapter};
 
 /// A change must reach the sink within this (a watch event, plus a loaded machine).
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -28,14 +28,7 @@ fn adapter_as(kubeconfig: &std::path::Path, extra: &[&str]) -> Adapter {
 }
 
 fn until(what: &str, xds: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    wait_for(CHANGE_TIMEOUT, what, || {
-        let items = mcpctl_get(xds);
-        pred(&items).then_some(items)
-    })
-}
-
-fn addresses(items: &[Value], name: &str) -> Option<Vec<String>> {
-    find(items, name).map(endpoint_addresses)
+    e2e::wait_served(CHANGE_TIMEOUT, what, xds, pred)
 }
 
 fn ports(item: &Value) -> Vec<(u64, String, String)> {
@@ -157,7 +150,7 @@ fn services_and_slices_follow_the_cluster() {
         ],
     ));
     until("scaled up and 10.1.0.3 ready", &xds, |i| {
-        addresses(i, "web")
+        addresses_of(i, "web")
             .is_some_and(|v| v == ["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.5", "fd00::1"])
     });
     // Scale down: one pod terminating, one gone.
@@ -170,7 +163,7 @@ fn services_and_slices_follow_the_cluster() {
         vec![ready("10.1.0.2"), terminating("10.1.0.3")],
     ));
     until("scaled down", &xds, |i| {
-        addresses(i, "web").is_some_and(|v| v == ["10.1.0.2", "fd00::1"])
+        addresses_of(i, "web").is_some_and(|v| v == ["10.1.0.2", "fd00::1"])
     });
 
     // Port renamed on the Service and in the slices (as the controller rewrites them).
@@ -207,7 +200,7 @@ fn services_and_slices_follow_the_cluster() {
     kube.delete(&format!("{}/web-v4", slices_path("shop")));
     kube.delete(&format!("{}/web-v6", slices_path("shop")));
     until("web without endpoints", &xds, |i| {
-        addresses(i, "web").is_some_and(|v| v.is_empty())
+        addresses_of(i, "web").is_some_and(|v| v.is_empty())
     });
     // The Service deleted: its ServiceEntry goes, the others stay.
     kube.delete(&format!("{}/web", services_path("shop")));
@@ -269,7 +262,7 @@ fn api_server_restart_keeps_the_last_state_and_recovers() {
     a.wait_ready();
     let xds = format!("xds://{}", a.grpc);
     until("shop served", &xds, |i| {
-        addresses(i, "web").is_some_and(|v| v.len() == 3)
+        addresses_of(i, "web").is_some_and(|v| v.len() == 3)
     });
 
     kube.kill();
@@ -279,7 +272,7 @@ fn api_server_restart_keeps_the_last_state_and_recovers() {
     let (status, body) = a.get("/readyz");
     assert_eq!(status, 200, "last good state still served: {body}");
     let items = mcpctl_get(&xds);
-    assert_eq!(addresses(&items, "web").map(|v| v.len()), Some(3));
+    assert_eq!(addresses_of(&items, "web").map(|v| v.len()), Some(3));
     assert!(a.metric("mcp_adapter_registry_errors_total") > 0.0);
 
     kube.restart();
@@ -292,7 +285,7 @@ fn api_server_restart_keeps_the_last_state_and_recovers() {
         vec![ready("10.1.0.9")],
     ));
     until("a change after the restart", &xds, |i| {
-        addresses(i, "web").is_some_and(|v| v == ["10.1.0.9", "fd00::1"])
+        addresses_of(i, "web").is_some_and(|v| v == ["10.1.0.9", "fd00::1"])
     });
     wait_for(CHANGE_TIMEOUT, "/registryz 200", || {
         (a.get("/registryz").0 == 200).then_some(())
@@ -314,14 +307,14 @@ fn an_expired_watch_lists_again_without_an_error_or_a_push() {
     a.wait_ready();
     let xds = format!("xds://{}", a.grpc);
     until("shop served", &xds, |i| {
-        addresses(i, "web").is_some_and(|v| v.len() == 3)
+        addresses_of(i, "web").is_some_and(|v| v.len() == 3)
     });
     let snapshots = a.metric("mcp_adapter_snapshots_total");
 
     // Other writes move etcd's revision on while the shop is quiet.
     kube.namespace("churn");
     let log = wait_for(Duration::from_secs(60), "a watch expired", || {
-        let n = rand_name();
+        let n = next_configmap_name();
         kube.apply(
             "/api/v1/namespaces/churn/configmaps",
             &json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -354,11 +347,11 @@ fn an_expired_watch_lists_again_without_an_error_or_a_push() {
         vec![ready("10.1.0.7")],
     ));
     until("a change after the expiry", &xds, |i| {
-        addresses(i, "web").is_some_and(|v| v == ["10.1.0.7", "fd00::1"])
+        addresses_of(i, "web").is_some_and(|v| v == ["10.1.0.7", "fd00::1"])
     });
 }
 
-fn rand_name() -> String {
+fn next_configmap_name() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     format!("cm-{}", N.fetch_add(1, Ordering::Relaxed))
@@ -443,7 +436,7 @@ fn rbac_denied_says_what_is_missing_and_recovers_when_granted() {
     a.wait_ready();
     let xds = format!("xds://{}", a.grpc);
     until("served once granted", &xds, |i| {
-        addresses(i, "web").is_some_and(|v| v.len() == 3)
+        addresses_of(i, "web").is_some_and(|v| v.len() == 3)
     });
 
     // The namespaced variant: a Role in `shop` is enough with --namespaces shop.
@@ -460,7 +453,7 @@ fn rbac_denied_says_what_is_missing_and_recovers_when_granted() {
     scoped.wait_ready();
     let xds = format!("xds://{}", scoped.grpc);
     until("served through a namespaced Role", &xds, |i| {
-        addresses(i, "web").is_some_and(|v| v.len() == 3)
+        addresses_of(i, "web").is_some_and(|v| v.len() == 3)
     });
     scoped.assert_steady(Duration::from_secs(2));
 }

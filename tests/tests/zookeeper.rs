@@ -21,10 +21,7 @@ fn until(
     xds: &str,
     pred: impl Fn(&[serde_json::Value]) -> bool,
 ) -> Vec<serde_json::Value> {
-    wait_for(Duration::from_secs(30), what, || {
-        let items = mcpctl_get(xds);
-        pred(&items).then_some(items)
-    })
+    e2e::wait_served(Duration::from_secs(30), what, xds, pred)
 }
 
 fn endpoint_count(item: &serde_json::Value) -> usize {
