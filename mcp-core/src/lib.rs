@@ -19,6 +19,7 @@ pub mod registry;
 pub mod retry;
 pub mod runtime;
 pub mod server;
+pub mod shard;
 pub mod status;
 pub mod telemetry;
 pub mod testing;
