@@ -16,11 +16,11 @@ use crate::admin::{self, AdminState};
 use crate::cache::{state_file, Snapshot};
 use crate::cli::CommonArgs;
 use crate::index::Index;
-use crate::shard::Shard;
 use crate::metrics::Metrics;
 use crate::registry::{Registry, RegistryError, RegistryEvent};
 use crate::retry::Backoff;
 use crate::server::{self, StreamContext, TlsFiles};
+use crate::shard::Shard;
 use crate::status::SharedStatus;
 use crate::translate::TranslateConfig;
 

@@ -27,7 +27,8 @@ impl FromStr for ShardIndex {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("invalid shard {s:?}: expected INDEX/COUNT with INDEX < COUNT, e.g. 0/4");
+        let bad =
+            || format!("invalid shard {s:?}: expected INDEX/COUNT with INDEX < COUNT, e.g. 0/4");
         let (i, n) = s.split_once('/').ok_or_else(bad)?;
         let index: u64 = i.trim().parse().map_err(|_| bad())?;
         let count: u64 = n.trim().parse().map_err(|_| bad())?;

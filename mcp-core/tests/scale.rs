@@ -90,7 +90,10 @@ impl Sink {
     /// Nothing arrives for `d`.
     async fn silent_for(&mut self, d: Duration) {
         if let Ok(r) = tokio::time::timeout(d, self.rx.message()).await {
-            panic!("expected nothing, got {:?}", r.map(|m| m.map(|m| m.version_info)));
+            panic!(
+                "expected nothing, got {:?}",
+                r.map(|m| m.map(|m| m.version_info))
+            );
         }
     }
 }
@@ -139,7 +142,11 @@ async fn a_stuck_sink_holds_back_no_one() {
         a.handle.send(RegistryEvent::Reset(services(generation)));
         let (v, n) = healthy.recv_ack().await;
         assert_eq!(n, SERVICES);
-        assert_eq!(v, served_version(&a).await, "the healthy sink holds the newest set");
+        assert_eq!(
+            v,
+            served_version(&a).await,
+            "the healthy sink holds the newest set"
+        );
     }
     let m = metrics(&a).await;
     assert_eq!(snapshots(&m) - before, 5.0, "one snapshot per change");
@@ -196,17 +203,22 @@ async fn a_hundred_sinks_reconnect_at_once() {
         let mut held = Vec::new();
         for t in tasks {
             let (s, (v, n)) = t.await.expect("sink task");
-            assert_eq!((v.as_str(), n), (version.as_str(), SERVICES), "round {round}");
+            assert_eq!(
+                (v.as_str(), n),
+                (version.as_str(), SERVICES),
+                "round {round}"
+            );
             held.push(s);
         }
         let m = metrics(&a).await;
-        assert_eq!(
-            metric_sum(&m, "mcp_adapter_connected_sinks"),
-            SINKS as f64
-        );
+        assert_eq!(metric_sum(&m, "mcp_adapter_connected_sinks"), SINKS as f64);
         let p = metric_sum(&m, "mcp_adapter_pushes_total");
         let b = metric_sum(&m, "mcp_adapter_push_bytes_total");
-        assert_eq!(p - pushes, SINKS as f64, "one response per sink, round {round}");
+        assert_eq!(
+            p - pushes,
+            SINKS as f64,
+            "one response per sink, round {round}"
+        );
         let per_sink = (b - bytes) / SINKS as f64;
         assert!(per_sink > 6.0e6, "a full set is ~6.5 MB: {per_sink}");
         if let Some(len) = response_len {
@@ -221,7 +233,10 @@ async fn a_hundred_sinks_reconnect_at_once() {
         drop(channels);
         let deadline = tokio::time::Instant::now() + PATIENCE;
         while metric_sum(&metrics(&a).await, "mcp_adapter_connected_sinks") > 0.0 {
-            assert!(tokio::time::Instant::now() < deadline, "streams of gone sinks end");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "streams of gone sinks end"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         a.wait_readyz(200).await;
@@ -233,5 +248,47 @@ async fn a_hundred_sinks_reconnect_at_once() {
         "sinks connecting publish nothing"
     );
     assert_eq!(metric_sum(&m, "mcp_adapter_registry_errors_total"), 0.0);
+    a.stop().await;
+}
+
+/// `--max-message-size`: a response over the limit is not sent; the stream ends with
+/// RESOURCE_EXHAUSTED naming both sizes, it is counted, and a response under the limit on
+/// another stream is unaffected.
+#[tokio::test]
+async fn a_response_over_max_message_size_ends_the_stream_with_a_clear_status() {
+    let mut args = mcp_core::testing::test_args();
+    args.max_message_size = Some(64 << 10);
+    let a = Adapter::start_with(args).await;
+    a.handle.send(RegistryEvent::Reset(
+        (0..1000)
+            .map(|i| mk_service(&format!("s{i}"), 10))
+            .collect(),
+    ));
+    a.wait_readyz(200).await;
+    let mut sink = Sink::connect(channel(&a, None).await).await;
+    let status = match tokio::time::timeout(PATIENCE, sink.rx.message()).await {
+        Ok(Err(status)) => status,
+        other => panic!(
+            "expected a status, got {:?}",
+            other.map(|r| r.map(|m| m.map(|m| m.version_info)))
+        ),
+    };
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("--max-message-size of 65536 bytes"),
+        "{status:?}"
+    );
+    let m = metrics(&a).await;
+    assert_eq!(metric_sum(&m, "mcp_adapter_oversized_responses_total"), 1.0);
+    assert_eq!(metric_sum(&m, "mcp_adapter_pushes_total"), 0.0);
+
+    // Under the limit, the same adapter serves normally.
+    a.handle
+        .send(RegistryEvent::Reset(vec![mk_service("small", 2)]));
+    a.wait_served(&["fake/small"]).await;
+    let mut sink = Sink::connect(channel(&a, None).await).await;
+    assert_eq!(sink.recv_ack().await.1, 1);
     a.stop().await;
 }

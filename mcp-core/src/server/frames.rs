@@ -89,7 +89,9 @@ impl Wrap {
             Wrap::Raw { .. } => r,
             Wrap::Any { .. } => Self::any_len(r),
             Wrap::Delta { .. } => {
-                string_len(1, &e.version) + delimited_len(2, Self::any_len(r)) + string_len(3, &e.name)
+                string_len(1, &e.version)
+                    + delimited_len(2, Self::any_len(r))
+                    + string_len(3, &e.name)
             }
         }
     }
@@ -149,9 +151,8 @@ pub struct Encoded {
 impl Encoded {
     /// A response from its parts; `head` and `tail` are complete encodings of the other fields.
     pub fn new(head: Vec<u8>, resources: Vec<Arc<Entry>>, wrap: Wrap, tail: Vec<u8>) -> Self {
-        let len = head.len()
-            + tail.len()
-            + resources.iter().map(|e| wrap.encoded_len(e)).sum::<usize>();
+        let len =
+            head.len() + tail.len() + resources.iter().map(|e| wrap.encoded_len(e)).sum::<usize>();
         Self {
             head: head.into(),
             resources,
@@ -368,7 +369,10 @@ mod tests {
             ..Default::default()
         }
         .encode_to_vec();
-        assert!(tail.len() > SHARE, "the tail is handed out as its own piece");
+        assert!(
+            tail.len() > SHARE,
+            "the tail is handed out as its own piece"
+        );
         let enc = Encoded::new(head, es, Wrap::Delta { field: 2 }, tail);
         assert_eq!(enc.to_vec(), framed(&want));
     }
@@ -421,7 +425,9 @@ mod tests {
         // The large resources went out as the cache's own buffers, not copies.
         for s in &shared {
             assert!(
-                pieces.iter().any(|p| p.as_ptr() == s.as_ptr() && p.len() == s.len()),
+                pieces
+                    .iter()
+                    .any(|p| p.as_ptr() == s.as_ptr() && p.len() == s.len()),
                 "a shared resource was copied"
             );
         }

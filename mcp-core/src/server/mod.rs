@@ -196,10 +196,7 @@ async fn drive<W: Wire>(
             let served = out.served;
             let resp = W::response(out);
             if let Some(limit) = ctx.max_message_size.filter(|l| resp.len() > *l) {
-                metrics
-                    .oversized
-                    .with_label_values(&[W::PROTOCOL])
-                    .inc();
+                metrics.oversized.with_label_values(&[W::PROTOCOL]).inc();
                 tracing::error!(protocol = W::PROTOCOL, %peer, bytes = resp.len(), limit, "A response is larger than --max-message-size; ending the stream instead of sending it (shard the source or raise the sink's receive limit).");
                 let status = Status::resource_exhausted(format!(
                     "the response is {} bytes, over this source's --max-message-size of {limit} bytes",

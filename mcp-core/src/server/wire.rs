@@ -8,10 +8,10 @@
 use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use prost::Message;
 use proto::istio::mcp::v1alpha1::{
     IncrementalMeshConfigRequest, MeshConfigRequest, RequestResources,
 };
-use prost::Message;
 use proto::wire::{
     DeltaDiscoveryResponse, DiscoveryResponse, IncrementalMeshConfigResponse, MeshConfigResponse,
     Resources,
@@ -72,7 +72,8 @@ pub struct Xds;
 impl Wire for Xds {
     type Req = DiscoveryRequest;
     const PROTOCOL: &'static str = "xds";
-    const PATH: &'static str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+    const PATH: &'static str =
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
     const INCREMENTAL: Incremental = Incremental::Never;
     fn served(t: &str) -> bool {
         xds_served(t)
@@ -115,7 +116,8 @@ pub struct Delta;
 impl Wire for Delta {
     type Req = DeltaDiscoveryRequest;
     const PROTOCOL: &'static str = "delta";
-    const PATH: &'static str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+    const PATH: &'static str =
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
     const INCREMENTAL: Incremental = Incremental::Always;
     fn served(t: &str) -> bool {
         xds_served(t)
@@ -208,7 +210,8 @@ pub struct MeshSotw;
 impl Wire for MeshSotw {
     type Req = MeshConfigRequest;
     const PROTOCOL: &'static str = "mcp-aggregated";
-    const PATH: &'static str = "/istio.mcp.v1alpha1.AggregatedMeshConfigService/StreamAggregatedResources";
+    const PATH: &'static str =
+        "/istio.mcp.v1alpha1.AggregatedMeshConfigService/StreamAggregatedResources";
     const INCREMENTAL: Incremental = Incremental::Never;
     fn served(t: &str) -> bool {
         legacy_served(t)
@@ -251,7 +254,8 @@ pub struct MeshIncremental;
 impl Wire for MeshIncremental {
     type Req = IncrementalMeshConfigRequest;
     const PROTOCOL: &'static str = "mcp-aggregated-incremental";
-    const PATH: &'static str = "/istio.mcp.v1alpha1.AggregatedMeshConfigService/IncrementalAggregatedResources";
+    const PATH: &'static str =
+        "/istio.mcp.v1alpha1.AggregatedMeshConfigService/IncrementalAggregatedResources";
     const INCREMENTAL: Incremental = Incremental::Always;
     fn served(t: &str) -> bool {
         legacy_served(t)
