@@ -121,11 +121,11 @@ fn floor(services: &[Service], cfg: &TranslateConfig) -> usize {
                 .map(|e| WorkloadEntry {
                     address: e.address.clone(),
                     ports: e.ports.clone(),
-                    labels: e.labels.clone(),
-                    network: e.network.clone().unwrap_or_default(),
-                    locality: e.locality.clone().unwrap_or_default(),
+                    labels: e.labels.to_labels(),
+                    network: e.network.as_deref().unwrap_or_default().to_string(),
+                    locality: e.locality.as_deref().unwrap_or_default().to_string(),
                     weight: e.weight.unwrap_or(0),
-                    service_account: e.service_account.clone().unwrap_or_default(),
+                    service_account: e.service_account.as_deref().unwrap_or_default().to_string(),
                 })
                 .collect(),
             export_to: s.export_to.clone(),

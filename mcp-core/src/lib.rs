@@ -27,5 +27,7 @@ pub mod translate;
 pub mod vip;
 
 pub use cli::{CommonArgs, OnEmpty};
-pub use model::{Endpoint, Host, Labels, Location, Port, Resolution, Service, ServiceKey};
+pub use model::{
+    Endpoint, Host, LabelSet, Labels, Location, Port, Resolution, Service, ServiceKey, SharedStr,
+};
 pub use registry::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent};
