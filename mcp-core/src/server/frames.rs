@@ -149,8 +149,16 @@ pub struct Encoded {
 }
 
 impl Encoded {
-    /// A response from its parts; `head` and `tail` are complete encodings of the other fields.
-    pub fn new(head: Vec<u8>, resources: Vec<Arc<Entry>>, wrap: Wrap, tail: Vec<u8>) -> Self {
+    /// A response from its parts: `head` and `tail` are the response message with only the
+    /// fields numbered below (above) the resources set; they are encoded here. Pass messages,
+    /// not encoded bytes: a `Vec<u8>` is a `Message` too (`BytesValue`) and would be wrapped.
+    pub fn new(
+        head: impl prost::Message,
+        resources: Vec<Arc<Entry>>,
+        wrap: Wrap,
+        tail: impl prost::Message,
+    ) -> Self {
+        let (head, tail) = (head.encode_to_vec(), tail.encode_to_vec());
         let len =
             head.len() + tail.len() + resources.iter().map(|e| wrap.encoded_len(e)).sum::<usize>();
         Self {
@@ -324,14 +332,12 @@ mod tests {
         let head = DiscoveryResponse {
             version_info: "v1".into(),
             ..Default::default()
-        }
-        .encode_to_vec();
+        };
         let tail = DiscoveryResponse {
             type_url: want.type_url.clone(),
             nonce: want.nonce.clone(),
             ..Default::default()
-        }
-        .encode_to_vec();
+        };
         let enc = Encoded::new(head, es, Wrap::Any { field: 2 }, tail);
         assert_eq!(enc.len(), want.encoded_len());
         assert_eq!(enc.to_vec(), framed(&want));
@@ -360,17 +366,15 @@ mod tests {
         let head = DeltaDiscoveryResponse {
             system_version_info: want.system_version_info.clone(),
             ..Default::default()
-        }
-        .encode_to_vec();
+        };
         let tail = DeltaDiscoveryResponse {
             type_url: want.type_url.clone(),
             nonce: want.nonce.clone(),
             removed_resources: want.removed_resources.clone(),
             ..Default::default()
-        }
-        .encode_to_vec();
+        };
         assert!(
-            tail.len() > SHARE,
+            tail.encoded_len() > SHARE,
             "the tail is handed out as its own piece"
         );
         let enc = Encoded::new(head, es, Wrap::Delta { field: 2 }, tail);
@@ -390,19 +394,17 @@ mod tests {
             proto::wire::MeshConfigResponse {
                 version_info: "v".into(),
                 ..Default::default()
-            }
-            .encode_to_vec(),
+            },
             es,
             Wrap::Raw { field: 2 },
             proto::wire::MeshConfigResponse {
                 type_url: "t".into(),
                 nonce: "n".into(),
                 ..Default::default()
-            }
-            .encode_to_vec(),
+            },
         );
         assert_eq!(enc.to_vec(), framed(&want));
-        let empty = Encoded::new(vec![], vec![], Wrap::Raw { field: 2 }, vec![]);
+        let empty = Encoded::new((), vec![], Wrap::Raw { field: 2 }, ());
         assert!(empty.is_empty());
         assert_eq!(empty.to_vec(), vec![0, 0, 0, 0, 0]);
     }
@@ -415,7 +417,7 @@ mod tests {
             .filter(|e| e.resource.len() >= SHARE)
             .map(|e| e.resource.clone())
             .collect();
-        let enc = Encoded::new(vec![], es, Wrap::Any { field: 2 }, vec![]);
+        let enc = Encoded::new((), es, Wrap::Any { field: 2 }, ());
         let total = enc.len() + 5;
         let pieces: Vec<Bytes> = enc.chunks().expect("frame").collect();
         assert_eq!(pieces.iter().map(Bytes::len).sum::<usize>(), total);

@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
-use prost::Message;
 use proto::istio::mcp::v1alpha1::{
     IncrementalMeshConfigRequest, MeshConfigRequest, RequestResources,
 };
@@ -49,7 +48,7 @@ fn envoy_nack(status: Option<&envoy_types::pb::google::rpc::Status>) -> Option<S
 /// One RPC's message shapes.
 pub trait Wire: Send + 'static {
     /// Request message.
-    type Req: Message + Default + Send + 'static;
+    type Req: prost::Message + Default + Send + 'static;
     /// Metric / log label.
     const PROTOCOL: &'static str;
     /// The gRPC method's HTTP/2 path.
@@ -92,20 +91,18 @@ impl Wire for Xds {
         r.node.as_ref().map(|n| n.id.clone())
     }
     fn response(o: Outgoing) -> Encoded {
-        let head = DiscoveryResponse {
-            version_info: o.version,
-            ..Default::default()
-        };
-        let tail = DiscoveryResponse {
-            type_url: o.type_key,
-            nonce: o.nonce,
-            ..Default::default()
-        };
         Encoded::new(
-            head.encode_to_vec(),
+            DiscoveryResponse {
+                version_info: o.version,
+                ..Default::default()
+            },
             o.resources,
             Wrap::Any { field: 2 },
-            tail.encode_to_vec(),
+            DiscoveryResponse {
+                type_url: o.type_key,
+                nonce: o.nonce,
+                ..Default::default()
+            },
         )
     }
 }
@@ -139,21 +136,19 @@ impl Wire for Delta {
         r.node.as_ref().map(|n| n.id.clone())
     }
     fn response(o: Outgoing) -> Encoded {
-        let head = DeltaDiscoveryResponse {
-            system_version_info: o.version,
-            ..Default::default()
-        };
-        let tail = DeltaDiscoveryResponse {
-            type_url: o.type_key,
-            nonce: o.nonce,
-            removed_resources: o.removed,
-            ..Default::default()
-        };
         Encoded::new(
-            head.encode_to_vec(),
+            DeltaDiscoveryResponse {
+                system_version_info: o.version,
+                ..Default::default()
+            },
             o.resources,
             Wrap::Delta { field: 2 },
-            tail.encode_to_vec(),
+            DeltaDiscoveryResponse {
+                type_url: o.type_key,
+                nonce: o.nonce,
+                removed_resources: o.removed,
+                ..Default::default()
+            },
         )
     }
 }
@@ -183,22 +178,20 @@ impl Wire for Legacy {
         r.sink_node.as_ref().map(|n| n.id.clone())
     }
     fn response(o: Outgoing) -> Encoded {
-        let head = Resources {
-            system_version_info: o.version,
-            collection: o.type_key,
-            ..Default::default()
-        };
-        let tail = Resources {
-            removed_resources: o.removed,
-            nonce: o.nonce,
-            incremental: o.incremental,
-            ..Default::default()
-        };
         Encoded::new(
-            head.encode_to_vec(),
+            Resources {
+                system_version_info: o.version,
+                collection: o.type_key,
+                ..Default::default()
+            },
             o.resources,
             Wrap::Raw { field: 3 },
-            tail.encode_to_vec(),
+            Resources {
+                removed_resources: o.removed,
+                nonce: o.nonce,
+                incremental: o.incremental,
+                ..Default::default()
+            },
         )
     }
 }
@@ -230,20 +223,18 @@ impl Wire for MeshSotw {
         r.sink_node.as_ref().map(|n| n.id.clone())
     }
     fn response(o: Outgoing) -> Encoded {
-        let head = MeshConfigResponse {
-            version_info: o.version,
-            ..Default::default()
-        };
-        let tail = MeshConfigResponse {
-            type_url: o.type_key,
-            nonce: o.nonce,
-            ..Default::default()
-        };
         Encoded::new(
-            head.encode_to_vec(),
+            MeshConfigResponse {
+                version_info: o.version,
+                ..Default::default()
+            },
             o.resources,
             Wrap::Raw { field: 2 },
-            tail.encode_to_vec(),
+            MeshConfigResponse {
+                type_url: o.type_key,
+                nonce: o.nonce,
+                ..Default::default()
+            },
         )
     }
 }
@@ -274,20 +265,18 @@ impl Wire for MeshIncremental {
         r.sink_node.as_ref().map(|n| n.id.clone())
     }
     fn response(o: Outgoing) -> Encoded {
-        let head = IncrementalMeshConfigResponse {
-            system_version_info: o.version,
-            ..Default::default()
-        };
-        let tail = IncrementalMeshConfigResponse {
-            removed_resources: o.removed,
-            nonce: o.nonce,
-            ..Default::default()
-        };
         Encoded::new(
-            head.encode_to_vec(),
+            IncrementalMeshConfigResponse {
+                system_version_info: o.version,
+                ..Default::default()
+            },
             o.resources,
             Wrap::Raw { field: 2 },
-            tail.encode_to_vec(),
+            IncrementalMeshConfigResponse {
+                removed_resources: o.removed,
+                nonce: o.nonce,
+                ..Default::default()
+            },
         )
     }
 }
