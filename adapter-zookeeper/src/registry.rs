@@ -239,7 +239,8 @@ struct DirState {
 #[derive(Debug, Default, PartialEq)]
 enum Held {
     /// Nothing further to read: a Dubbo interface without `providers`, Dubbo 3 bookkeeping,
-    /// or something unreadable (its watch is not armed, so it is read again on any change).
+    /// or something that could not be read (a problem; read again when its directory changes
+    /// and on every re-list).
     #[default]
     Nothing,
     /// A Dubbo interface's `providers` directory: the znode names are the providers, so
