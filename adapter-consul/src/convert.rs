@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use mcp_core::translate::naming::{canonical_protocol, map_dns_name};
-use mcp_core::{Endpoint, Host, Labels, Location, Port, Service, ServiceKey};
+use mcp_core::{Endpoint, Host, Labels, Location, Port, Service, ServiceKey, SharedStr};
 use serde::Deserialize;
 
 use crate::config::ConsulConfig;
@@ -279,9 +279,9 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
         endpoints.push(Endpoint {
             address: address.clone(),
             ports: port_map,
-            labels: labels(inst),
+            labels: labels(inst).into(),
             network: None,
-            locality: (!e.node.datacenter.is_empty()).then(|| e.node.datacenter.clone()),
+            locality: (!e.node.datacenter.is_empty()).then(|| SharedStr::from(&e.node.datacenter)),
             weight: weight
                 .filter(|w| *w > 0)
                 .and_then(|w| u32::try_from(w).ok()),
@@ -387,9 +387,9 @@ mod tests {
             "node address when the service has none"
         );
         let ep = &s.endpoints[0];
-        assert_eq!(ep.labels.get("version").map(String::as_str), Some("v1"));
-        assert_eq!(ep.labels.get("env").map(String::as_str), Some("prod"));
-        assert_eq!(ep.labels.get("protocol").map(String::as_str), Some("http"));
+        assert_eq!(ep.labels.get("version"), Some("v1"));
+        assert_eq!(ep.labels.get("env"), Some("prod"));
+        assert_eq!(ep.labels.get("protocol"), Some("http"));
         assert!(!ep.labels.contains_key("plain"));
         assert_eq!(ep.locality.as_deref(), Some("dc1"));
         assert_eq!(ep.weight, Some(3));

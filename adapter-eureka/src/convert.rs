@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use mcp_core::translate::naming::canonical_protocol;
-use mcp_core::{Endpoint, Host, Port, Service, ServiceKey};
+use mcp_core::{Endpoint, Host, Port, Service, ServiceKey, SharedStr};
 
 use crate::dto::Instance;
 
@@ -87,8 +87,8 @@ pub fn convert_app(name: &str, instances: &BTreeMap<String, Instance>) -> Conver
         ep.weight = meta
             .get("weight")
             .and_then(|w| w.trim().parse::<u32>().ok());
-        ep.locality = locality(inst, &meta);
-        ep.labels = meta;
+        ep.locality = locality(inst, &meta).map(SharedStr::from);
+        ep.labels = meta.into();
         svc.endpoints.push(ep);
     }
     svc.endpoints
@@ -278,10 +278,7 @@ mod tests {
             svc.endpoints[0].locality.as_deref(),
             Some("us-east-1/us-east-1a")
         );
-        assert_eq!(
-            svc.endpoints[0].labels.get("protocol").map(String::as_str),
-            Some("grpc")
-        );
+        assert_eq!(svc.endpoints[0].labels.get("protocol"), Some("grpc"));
     }
 
     #[test]

@@ -53,6 +53,17 @@ impl Registry for FileRegistry {
     }
 }
 
+/// Identifies a full set: equal sets (content and origins, in order) have equal fingerprints.
+fn fingerprint(services: &[Service]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for s in services {
+        h.update(&s.content_hash().to_le_bytes());
+        h.update(s.origin.as_bytes());
+        h.update(&[0]);
+    }
+    h.digest()
+}
+
 /// Scans, sends what changed, sleeps; forever (until the core drops the stream).
 async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryError> {
     let limits = Limits {
@@ -63,7 +74,9 @@ async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryE
     // Reads time out on their own; this only catches a scan blocked in stat or readdir.
     let scan_patience = config.read_timeout.saturating_mul(2);
     let mut scanner = Scanner::new(config.paths, limits);
-    let mut sent_services: Option<Vec<Service>> = None;
+    // A fingerprint of the set last sent, not a copy: the scanner's per-file services are the
+    // adapter's one copy of the registry (the core keeps only encoded resources).
+    let mut sent_services: Option<u64> = None;
     let mut sent_problems = ProblemLedger::new();
     loop {
         // File I/O blocks; keep it off the async worker threads.
@@ -101,10 +114,11 @@ async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryE
 
         if dirty || blocked || sent_services.is_none() {
             let (services, problems) = scanner.snapshot();
-            if sent_services.as_ref() != Some(&services) {
+            let print = fingerprint(&services);
+            if sent_services != Some(print) {
                 debug!(services = services.len(), "Sending full set.");
-                tx.send(RegistryEvent::Reset(services.clone())).await?;
-                sent_services = Some(services);
+                tx.send(RegistryEvent::Reset(services)).await?;
+                sent_services = Some(print);
             }
             for event in sent_problems.replace_all(problems) {
                 if let RegistryEvent::Problems { scope, problems } = &event {

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Service as KubeService, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint as SliceEndpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use mcp_core::{Endpoint, Host, Location, Port, Resolution, Service, ServiceKey};
+use mcp_core::{Endpoint, Host, Location, Port, Resolution, Service, ServiceKey, SharedStr};
 
 use crate::config::{Headless, KubeConfig};
 use crate::protocol::port_protocol;
@@ -33,8 +33,8 @@ pub struct Settings {
     pub cluster_ip: bool,
     /// `--headless`.
     pub headless: Headless,
-    /// `--network`.
-    pub network: Option<String>,
+    /// `--network`, shared by every endpoint.
+    pub network: Option<SharedStr>,
     /// `--trust-domain`, for subjectAltNames of pods' service accounts.
     pub trust_domain: String,
 }
@@ -45,7 +45,7 @@ impl From<&KubeConfig> for Settings {
             cluster_domain: cfg.cluster_domain.trim_matches('.').to_lowercase(),
             cluster_ip: !cfg.no_cluster_ip,
             headless: cfg.headless,
-            network: cfg.network.clone(),
+            network: cfg.network.as_deref().map(SharedStr::from),
             trust_domain: cfg.trust_domain.clone(),
         }
     }
@@ -307,7 +307,7 @@ fn new_endpoint(
         labels: pod.map(|p| p.labels.clone()).unwrap_or_default(),
         service_account: pod.and_then(|p| p.service_account.clone()),
         network: s.network.clone(),
-        locality,
+        locality: locality.map(SharedStr::from),
         ..Endpoint::default()
     }
 }
@@ -445,7 +445,7 @@ mod tests {
         c.apply(Item::Pod(
             ("shop".into(), "pod-10.0.0.1".into()),
             PodInfo {
-                labels: [("version".to_string(), "v1".to_string())].into(),
+                labels: [("version", "v1")].into_iter().collect(),
                 service_account: Some("web-sa".into()),
             },
         ));
@@ -476,7 +476,7 @@ mod tests {
         // 8080 is the Service's targetPort: only the differing gRPC port is spelled out.
         assert_eq!(first.ports, [("grpc-api".to_string(), 9191)].into());
         assert_eq!(first.locality.as_deref(), Some("eu/z1"));
-        assert_eq!(first.labels.get("version").map(String::as_str), Some("v1"));
+        assert_eq!(first.labels.get("version"), Some("v1"));
         assert_eq!(first.network.as_deref(), Some("net2"));
         assert_eq!(m.endpoints[1].locality.as_deref(), Some("eu/node-zone"));
         assert_eq!(m.subject_alt_names, vec!["spiffe://td/ns/shop/sa/web-sa"]);

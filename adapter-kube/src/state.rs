@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::ResourceExt;
-use mcp_core::Labels;
+use mcp_core::{LabelSet, SharedStr};
 
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -47,22 +47,24 @@ impl Topology {
 /// What the conversion needs of a pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodInfo {
-    /// The pod's labels (endpoint labels, for DestinationRule subsets).
-    pub labels: Labels,
+    /// The pod's labels (endpoint labels, for DestinationRule subsets), shared with its
+    /// endpoints and with every pod that has the same ones.
+    pub labels: LabelSet,
     /// `spec.serviceAccountName`.
-    pub service_account: Option<String>,
+    pub service_account: Option<SharedStr>,
 }
 
 impl PodInfo {
     /// Reads a pod.
     pub fn of(pod: &Pod) -> Self {
         Self {
-            labels: pod.labels().clone().into_iter().collect(),
+            labels: pod.labels().into(),
             service_account: pod
                 .spec
                 .as_ref()
-                .and_then(|s| s.service_account_name.clone())
-                .filter(|s| !s.is_empty()),
+                .and_then(|s| s.service_account_name.as_deref())
+                .filter(|s| !s.is_empty())
+                .map(SharedStr::from),
         }
     }
 }

@@ -277,7 +277,7 @@ fn dedupe_dual_registration(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcp_core::{Endpoint, Port};
+    use mcp_core::{Endpoint, LabelSet, Port};
     use std::time::{Duration, UNIX_EPOCH};
 
     fn svc(name: &str, kind: Kind, iface: &str, eps: &[(&str, u32)]) -> Converted {
@@ -303,7 +303,7 @@ mod tests {
             .map(|(a, _)| Endpoint {
                 address: (*a).to_string(),
                 ports: BTreeMap::new(),
-                labels: BTreeMap::new(),
+                labels: LabelSet::new(),
                 network: None,
                 locality: None,
                 weight: None,

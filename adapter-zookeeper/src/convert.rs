@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mcp_core::translate::naming::{canonical_protocol, check_label_key, check_label_value};
-use mcp_core::{Endpoint, Host, Labels, Port, Service, ServiceKey};
+use mcp_core::{Endpoint, Host, LabelSet, Labels, Port, Service, ServiceKey};
 use serde::Deserialize;
 
 use crate::filter::Filters;
@@ -273,7 +273,7 @@ fn build(name: String, origin: String, insts: &[Inst], problems: &mut Vec<String
         endpoints.push(Endpoint {
             address: i.address.clone(),
             ports: map,
-            labels: i.labels.clone(),
+            labels: LabelSet::from(&i.labels),
             network: None,
             locality: None,
             weight: i.weight,
@@ -671,8 +671,8 @@ mod tests {
         );
         let e1 = &s.endpoints[0];
         assert_eq!(e1.weight, Some(50));
-        assert_eq!(e1.labels["application"], "a");
-        assert_eq!(e1.labels["protocol"], "dubbo");
+        assert_eq!(e1.labels.get("application"), Some("a"));
+        assert_eq!(e1.labels.get("protocol"), Some("dubbo"));
         assert!(!e1.labels.contains_key("methods"));
         assert_eq!(e1.ports, [("grpc-50051".to_string(), 20880)].into());
         // One process exporting two versions on one port: two endpoints, told apart by labels.
@@ -680,7 +680,12 @@ mod tests {
             .endpoints
             .iter()
             .filter(|e| e.address == "10.0.0.2")
-            .map(|e| (e.labels["group"].as_str(), e.labels["version"].as_str()))
+            .map(|e| {
+                (
+                    e.labels.get("group").unwrap_or_default(),
+                    e.labels.get("version").unwrap_or_default(),
+                )
+            })
             .collect();
         assert_eq!(versions, [("g1", "1.0.0"), ("g1", "2.0.0")]);
         assert_eq!(
@@ -759,7 +764,7 @@ mod tests {
             s.ports.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
             ["https-8443", "http-53598"]
         );
-        assert_eq!(s.endpoints[1].labels["zone"], "z1");
+        assert_eq!(s.endpoints[1].labels.get("zone"), Some("z1"));
         assert_eq!(s.endpoints[1].weight, Some(7));
         assert_eq!(s.create_time, millis(1000));
     }
@@ -792,8 +797,8 @@ mod tests {
         );
         assert!(s.endpoints[0].ports.is_empty());
         assert_eq!(
-            s.endpoints[0].labels["dubbo.metadata.revision"],
-            "871fbc9cb2730caea9b0d858852d5ede"
+            s.endpoints[0].labels.get("dubbo.metadata.revision"),
+            Some("871fbc9cb2730caea9b0d858852d5ede")
         );
         assert!(!s.endpoints[0].labels.contains_key("dubbo.endpoints"));
         assert_eq!(

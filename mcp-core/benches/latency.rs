@@ -7,7 +7,8 @@
 //! every request at once with a pre-built response of exactly the bytes our server sent for the
 //! same case; the client measures request -> response round trips.
 //!
-//! Run: `cargo bench -p mcp-core --bench latency`.
+//! Run: `cargo bench -p mcp-core --bench latency`. `MCP_BENCH_DELTA_SERVICES=100000` runs the
+//! delta case at 100k services (1M endpoints, issue #12's scale; the default is 10000).
 
 mod common;
 
@@ -580,7 +581,13 @@ async fn run() {
         });
     }
     {
-        let n = 10_000;
+        let n = std::env::var("MCP_BENCH_DELTA_SERVICES")
+            .ok()
+            .map(|v| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("MCP_BENCH_DELTA_SERVICES={v}: not a number"))
+            })
+            .unwrap_or(10_000);
         let (ours, wire) = delta(n).await;
         let floor = floor_delta(wire.clone(), Accept::NoDelay).await;
         let floor_nagle = floor_delta(wire, Accept::ListenerStream).await;

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::filter::NameFilter;
+use crate::shard::{Shard, ShardIndex};
 use crate::vip::VipCidr;
 
 /// Log output format.
@@ -92,9 +94,67 @@ pub struct CommonArgs {
     #[arg(long, env = "MCP_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
+    /// Serve only shard INDEX of COUNT (`0/4`): the services whose key hashes to it. Run one
+    /// adapter per shard, each its own `configSources` entry (README: "Sharding").
+    #[arg(long, env = "MCP_SHARD")]
+    pub shard: Option<ShardIndex>,
+
+    /// Serve only services whose key (`namespace/name`, or the name; as /debug/resources shows
+    /// it) matches one of these globs (comma-separated).
+    #[arg(long, env = "MCP_SHARD_SERVICES", value_delimiter = ',')]
+    pub shard_services: Vec<String>,
+
+    /// Never serve services whose key matches one of these globs (comma-separated).
+    #[arg(long, env = "MCP_SHARD_EXCLUDE_SERVICES", value_delimiter = ',')]
+    pub shard_exclude_services: Vec<String>,
+
+    /// Largest response the sinks accept (`4MiB` for Pilot 1.1-1.7 and istiod 1.8-1.11; istiod
+    /// 1.12+ accepts 2 GiB). A larger response is not sent: the stream ends with
+    /// RESOURCE_EXHAUSTED, an error is logged and counted. Default: no limit.
+    #[arg(long, env = "MCP_MAX_MESSAGE_SIZE", value_parser = parse_size)]
+    pub max_message_size: Option<usize>,
+
     /// PEM CA bundle: sinks must present a client certificate signed by it.
     #[arg(long, env = "MCP_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+}
+
+impl CommonArgs {
+    /// The services this adapter serves (`--shard*`).
+    pub fn shard(&self) -> Shard {
+        Shard {
+            index: self.shard,
+            names: NameFilter::new(
+                self.shard_services.clone(),
+                self.shard_exclude_services.clone(),
+            ),
+        }
+    }
+}
+
+/// Parses a byte count: `4194304`, `512KiB`, `4MiB`, `1GiB`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, unit) = t
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((t, ""), |i| t.split_at(i));
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected e.g. 4MiB, 512KiB, 4194304"))?;
+    let unit = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "invalid size {s:?}: unit must be B, KiB, MiB or GiB"
+            ))
+        }
+    };
+    n.checked_mul(unit)
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("invalid size {s:?}: must be above 0 and fit in memory"))
 }
 
 /// Parses `0`, `250ms`, `2s`, `1m`, or a bare number of milliseconds.
@@ -120,6 +180,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("4MB").is_err());
+        assert!(parse_size("big").is_err());
+    }
 
     #[test]
     fn durations() {

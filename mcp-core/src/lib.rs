@@ -19,6 +19,7 @@ pub mod registry;
 pub mod retry;
 pub mod runtime;
 pub mod server;
+pub mod shard;
 pub mod status;
 pub mod telemetry;
 pub mod testing;
@@ -26,5 +27,7 @@ pub mod translate;
 pub mod vip;
 
 pub use cli::{CommonArgs, OnEmpty};
-pub use model::{Endpoint, Host, Labels, Location, Port, Resolution, Service, ServiceKey};
+pub use model::{
+    Endpoint, Host, LabelSet, Labels, Location, Port, Resolution, Service, ServiceKey, SharedStr,
+};
 pub use registry::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent};

@@ -10,6 +10,8 @@ pub struct Metrics {
     pub pushes: IntCounterVec,
     /// Encoded bytes of responses sent, by protocol.
     pub push_bytes: IntCounterVec,
+    /// Responses not sent because they exceeded `--max-message-size`, by protocol.
+    pub oversized: IntCounterVec,
     /// ACKs received, by protocol and type class.
     pub acks: IntCounterVec,
     /// NACKs received, by protocol and type class.
@@ -64,6 +66,11 @@ impl Metrics {
             push_bytes: counter(
                 "mcp_adapter_push_bytes_total",
                 "Encoded bytes of responses sent to sinks.",
+                &["protocol"],
+            )?,
+            oversized: counter(
+                "mcp_adapter_oversized_responses_total",
+                "Responses not sent because they exceeded --max-message-size (the stream was ended).",
                 &["protocol"],
             )?,
             acks: counter(
@@ -133,6 +140,7 @@ mod tests {
         let m = Metrics::new("consul").expect("metrics");
         m.pushes.with_label_values(&["xds", "serviceentry"]).inc();
         m.push_bytes.with_label_values(&["xds"]).inc();
+        m.oversized.with_label_values(&["xds"]).inc();
         m.acks.with_label_values(&["xds", "serviceentry"]).inc();
         m.nacks.with_label_values(&["xds", "serviceentry"]).inc();
         m.sinks.with_label_values(&["xds"]).inc();
@@ -143,6 +151,7 @@ mod tests {
         for name in [
             "mcp_adapter_pushes_total",
             "mcp_adapter_push_bytes_total",
+            "mcp_adapter_oversized_responses_total",
             "mcp_adapter_acks_total",
             "mcp_adapter_nacks_total",
             "mcp_adapter_connected_sinks",

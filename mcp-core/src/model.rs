@@ -3,9 +3,18 @@
 //! Adapters convert their registry's objects into [`Service`]s; only `translate` turns them into
 //! Istio ServiceEntries. Nothing here knows protobuf. Collections are ordered (`BTreeMap`, sorted
 //! `Vec`s) so that equal services hash and encode identically on every replica.
+//!
+//! Endpoints are the bulk of a large registry (1M of them), so what they repeat is shared rather
+//! than copied: labels are a [`LabelSet`] and network, locality and service account are
+//! [`SharedStr`]s, both interned process-wide.
+
+mod intern;
+mod shared;
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
+
+pub use shared::{Iter as LabelIter, LabelSet, SharedStr};
 
 /// Labels or annotations: ordered so that hashing and encoding are deterministic.
 pub type Labels = BTreeMap<String, String>;
@@ -100,17 +109,19 @@ pub struct Endpoint {
     /// IP address (STATIC) or host name (DNS resolutions).
     pub address: String,
     /// Port name -> port number on this endpoint, for ports that differ from the service port.
+    /// Usually empty, and an empty map allocates nothing.
     pub ports: BTreeMap<String, u32>,
-    /// Endpoint labels (invalid ones are dropped by `translate`).
-    pub labels: Labels,
+    /// Endpoint labels (invalid ones are dropped by `translate`), shared with every endpoint
+    /// that has the same ones: build with `labels.into()` from a [`Labels`] map.
+    pub labels: LabelSet,
     /// Network name for multi-network meshes.
-    pub network: Option<String>,
+    pub network: Option<SharedStr>,
     /// `region/zone/subzone`.
-    pub locality: Option<String>,
+    pub locality: Option<SharedStr>,
     /// Load-balancing weight; `None` = Istio's default.
     pub weight: Option<u32>,
     /// Service account of the workload.
-    pub service_account: Option<String>,
+    pub service_account: Option<SharedStr>,
 }
 
 /// One service: everything a ServiceEntry and its MCP metadata carry.
@@ -170,6 +181,8 @@ impl Service {
     }
 
     /// Content hash (everything but `origin`), used to skip re-listed services that did not change.
+    /// Deterministic and a function of content only: shared values hash by content (a label set
+    /// feeds its precomputed content hash), so equal services hash equal however they were built.
     pub fn content_hash(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = xxhash_rust::xxh3::Xxh3::new();

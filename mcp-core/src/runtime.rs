@@ -20,6 +20,7 @@ use crate::metrics::Metrics;
 use crate::registry::{Registry, RegistryError, RegistryEvent};
 use crate::retry::Backoff;
 use crate::server::{self, StreamContext, TlsFiles};
+use crate::shard::Shard;
 use crate::status::SharedStatus;
 use crate::translate::TranslateConfig;
 
@@ -208,6 +209,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         health: health_reporter,
         shutdown: shutdown.clone(),
         state_file: args.state_file.clone(),
+        shard: args.shard(),
     };
     // The writer is the only task that moves the served set forward: if it dies (a panic),
     // the whole adapter stops with an error instead of serving a frozen set as if ready.
@@ -219,6 +221,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         snapshots: snap_rx.clone(),
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
+        max_message_size: args.max_message_size,
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(TlsFiles {
@@ -273,6 +276,8 @@ struct Writer {
     health: tonic_health::server::HealthReporter,
     shutdown: CancellationToken,
     state_file: Option<PathBuf>,
+    /// The services this adapter serves; the rest of the registry is dropped on arrival.
+    shard: Shard,
 }
 
 #[allow(clippy::large_enum_variant)] // one at a time, on the stack
@@ -335,7 +340,9 @@ impl Writer {
             backoff.synced(Instant::now());
             self.mark_healthy().await;
         }
-        self.index.apply(ev);
+        if let Some(ev) = self.shard.filter(ev) {
+            self.index.apply(ev);
+        }
     }
 
     async fn next(

@@ -125,11 +125,14 @@ pub fn mk_service(name: &str, endpoints: usize) -> Service {
 
 /// Endpoint number `i`: address 10.(i/65536).(i/256%256).(i%256) with two labels.
 pub fn mk_endpoint(i: usize) -> Endpoint {
-    let mut e = Endpoint {
+    Endpoint {
         address: format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255),
+        labels: [
+            ("version", format!("v{}", i % 3)),
+            ("zone", format!("z{}", i % 2)),
+        ]
+        .into_iter()
+        .collect(),
         ..Default::default()
-    };
-    e.labels.insert("version".into(), format!("v{}", i % 3));
-    e.labels.insert("zone".into(), format!("z{}", i % 2));
-    e
+    }
 }

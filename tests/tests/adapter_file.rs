@@ -413,3 +413,64 @@ fn an_emptied_file_is_applied_only_once_it_stays_empty() {
     let xds = format!("xds://{}", adapter.grpc);
     assert_eq!(names(&get(&xds)), vec!["ns/c"]);
 }
+
+/// Sharding is a flag: adapters over the same files with `--shard 0/3`, `1/3` and `2/3` serve
+/// disjoint sets whose union is everything, each replica of a shard serves the same set, and a
+/// glob shard (`--shard-services`) serves exactly its names.
+#[test]
+fn shards_partition_one_registry_over_several_adapters() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let all: Vec<String> = (0..30).map(|i| format!("ns/svc-{i:02}")).collect();
+    for i in 0..30 {
+        let name = format!("svc-{i:02}");
+        std::fs::write(
+            dir.path().join(format!("{name}.yaml")),
+            se(&name, &format!("10.0.0.{}", i + 1)),
+        )
+        .expect("write");
+    }
+    let path = dir.path().to_string_lossy().to_string();
+    let shard = |flags: &[&str]| {
+        let mut args = vec!["--path", path.as_str()];
+        args.extend_from_slice(flags);
+        let a = Adapter::start("adapter-file", &args);
+        a.wait_ready();
+        let served = names(&get(&format!("xds://{}", a.grpc)));
+        (a, served)
+    };
+    let mut union = Vec::new();
+    let mut shards = Vec::new();
+    for i in 0..3 {
+        let (a, served) = shard(&["--shard", &format!("{i}/3")]);
+        assert!(
+            (4..=16).contains(&served.len()),
+            "shard {i}/3 holds a share: {served:?}"
+        );
+        let (replica, again) = shard(&["--shard", &format!("{i}/3")]);
+        assert_eq!(
+            again, served,
+            "every replica of a shard serves the same set"
+        );
+        replica.assert_steady(Duration::from_millis(300));
+        union.extend(served);
+        shards.push(a);
+    }
+    union.sort();
+    assert_eq!(
+        union, all,
+        "the shards are disjoint and cover every service"
+    );
+    for a in &shards {
+        a.assert_steady(Duration::from_millis(300));
+    }
+
+    let (a, served) = shard(&[
+        "--shard-services",
+        "ns/svc-1*",
+        "--shard-exclude-services",
+        "ns/svc-19",
+    ]);
+    let want: Vec<String> = (10..19).map(|i| format!("ns/svc-{i}")).collect();
+    assert_eq!(served, want);
+    a.assert_steady(Duration::from_millis(300));
+}

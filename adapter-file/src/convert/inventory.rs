@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use mcp_core::model::{Endpoint, Host, Labels, Location, Port, Resolution, Service, ServiceKey};
+use mcp_core::model::{
+    Endpoint, Host, LabelSet, Labels, Location, Port, Resolution, Service, ServiceKey,
+};
 use serde_yaml::Value;
 
 use super::address::split_host_port;
@@ -152,11 +154,11 @@ fn inventory_endpoint(
     Ok(Endpoint {
         address,
         ports: endpoint_ports,
-        labels: e.labels,
-        network: e.network,
-        locality: e.locality,
+        labels: LabelSet::from(e.labels),
+        network: e.network.map(Into::into),
+        locality: e.locality.map(Into::into),
         weight: e.weight,
-        service_account: e.service_account,
+        service_account: e.service_account.map(Into::into),
     })
 }
 

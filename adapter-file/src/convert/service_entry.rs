@@ -1,6 +1,6 @@
 //! Istio ServiceEntry document -> [`Service`].
 
-use mcp_core::model::{Endpoint, Host, Location, Port, Resolution, Service, ServiceKey};
+use mcp_core::model::{Endpoint, Host, LabelSet, Location, Port, Resolution, Service, ServiceKey};
 use serde_yaml::Value;
 
 use super::de::{str_field, typed};
@@ -72,11 +72,11 @@ pub(super) fn service_entry(doc: DocRef<'_>, value: Value) -> Result<Service, Co
         .map(|e| Endpoint {
             address: e.address,
             ports: e.ports,
-            labels: e.labels,
-            network: e.network,
-            locality: e.locality,
+            labels: LabelSet::from(e.labels),
+            network: e.network.map(Into::into),
+            locality: e.locality.map(Into::into),
             weight: e.weight,
-            service_account: e.service_account,
+            service_account: e.service_account.map(Into::into),
         })
         .collect();
     service.export_to = spec.export_to;
@@ -153,7 +153,7 @@ status: {}
         s.endpoints = vec![Endpoint {
             address: "10.0.0.1".into(),
             ports: [("http".to_owned(), 8081)].into_iter().collect(),
-            labels: labels(&[("version", "v1")]),
+            labels: labels(&[("version", "v1")]).into(),
             network: Some("net1".into()),
             locality: Some("eu/west-1".into()),
             weight: Some(10),

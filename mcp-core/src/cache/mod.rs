@@ -5,6 +5,7 @@
 //! name-sorted set served at one moment; its version is a hash of names and versions, so two
 //! replicas over the same input agree and a re-list that changes nothing changes no version.
 
+mod body;
 mod snapshot;
 pub mod state_file;
 
@@ -67,7 +68,7 @@ fn timestamp(t: SystemTime) -> prost_types::Timestamp {
 /// Encodes a translated resource and computes its version: a hash over everything a sink sees
 /// except the version itself (body, name, labels, annotations, creation time).
 pub fn encode(t: &Translated) -> Entry {
-    let body = t.spec.encode_to_vec();
+    let body = body::encode_body(t);
     let create_time = timestamp(t.create_time);
     let mut h = Xxh3::new();
     h.update(t.name.as_bytes());
@@ -105,7 +106,7 @@ pub fn encode(t: &Translated) -> Entry {
         summary: Summary {
             hosts: t.spec.hosts.clone(),
             ports: t.spec.ports.len(),
-            endpoints: t.spec.endpoints.len(),
+            endpoints: t.spec.endpoints.len() + t.endpoints.len(),
             create_time: create_time.seconds,
         },
     }
@@ -127,6 +128,7 @@ mod tests {
                 hosts: vec!["a.example".into()],
                 ..Default::default()
             },
+            endpoints: vec![],
             warnings: vec![],
         }
     }

@@ -1,37 +1,29 @@
 //! The gRPC side: every MCP flavour on one port, plus health and reflection.
 //!
 //! Each stream runs [`drive`] on its own task: requests and snapshot changes go into the
-//! stream's [`engine::Engine`], responses come out through a small channel. Resource bytes are
-//! shared with the cache; nothing is re-encoded per sink.
+//! stream's [`engine::Engine`], responses come out through a one-slot channel into the stream's
+//! [`body::ResponseBody`]. Resource bytes are shared with the cache: nothing is re-encoded per
+//! sink, and no sink holds a copy of a response (see [`frames`]).
 
+mod body;
 pub mod engine;
+pub mod frames;
+mod grpc;
 pub mod wire;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prost::Message;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Status, Streaming};
 
 use crate::cache::Snapshot;
 use crate::metrics::Metrics;
+use body::Sent;
 use engine::{Ack, Engine};
-use wire::{Delta, Legacy, MeshIncremental, MeshSotw, Wire, Xds};
-
-use proto::server::ads::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use proto::server::mesh_config::aggregated_mesh_config_service_server::{
-    AggregatedMeshConfigService, AggregatedMeshConfigServiceServer,
-};
-use proto::server::resource_source::resource_source_server::{
-    ResourceSource, ResourceSourceServer,
-};
+use wire::Wire;
 
 /// Largest request accepted (requests are small; this only bounds abuse).
 const MAX_REQUEST: usize = 16 << 20;
@@ -45,6 +37,9 @@ pub struct StreamContext {
     pub metrics: Metrics,
     /// Cancelled on shutdown: every stream ends cleanly.
     pub shutdown: CancellationToken,
+    /// Largest response a sink accepts (`--max-message-size`); a larger one ends the stream
+    /// with RESOURCE_EXHAUSTED instead of being sent.
+    pub max_message_size: Option<usize>,
 }
 
 /// Errors starting the gRPC server.
@@ -97,7 +92,6 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let svc = Services { ctx: ctx.clone() };
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)));
@@ -106,21 +100,9 @@ pub async fn serve(
     }
     let shutdown = ctx.shutdown.clone();
     builder
-        .add_service(
-            AggregatedDiscoveryServiceServer::new(svc.clone())
-                .max_decoding_message_size(MAX_REQUEST)
-                .max_encoding_message_size(usize::MAX),
-        )
-        .add_service(
-            ResourceSourceServer::new(svc.clone())
-                .max_decoding_message_size(MAX_REQUEST)
-                .max_encoding_message_size(usize::MAX),
-        )
-        .add_service(
-            AggregatedMeshConfigServiceServer::new(svc)
-                .max_decoding_message_size(MAX_REQUEST)
-                .max_encoding_message_size(usize::MAX),
-        )
+        .add_service(grpc::Service::<grpc::Ads>::new(ctx.clone()))
+        .add_service(grpc::Service::<grpc::ResourceSource>::new(ctx.clone()))
+        .add_service(grpc::Service::<grpc::MeshConfig>::new(ctx))
         .add_service(health)
         .add_service(reflection)
         // TCP_NODELAY: a push is one write; Nagle would hold its tail for ~40 ms waiting for
@@ -131,74 +113,6 @@ pub async fn serve(
         )
         .await?;
     Ok(())
-}
-
-#[derive(Clone, Debug)]
-struct Services {
-    ctx: StreamContext,
-}
-
-type Out<W> = ReceiverStream<Result<<W as Wire>::Resp, Status>>;
-
-fn start<W: Wire>(ctx: &StreamContext, req: Request<Streaming<W::Req>>) -> Response<Out<W>> {
-    let peer = req
-        .remote_addr()
-        .map_or_else(|| "unknown".to_string(), |a: SocketAddr| a.to_string());
-    let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(drive::<W>(req.into_inner(), tx, ctx.clone(), peer));
-    Response::new(ReceiverStream::new(rx))
-}
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for Services {
-    type StreamAggregatedResourcesStream = Out<Xds>;
-    type DeltaAggregatedResourcesStream = Out<Delta>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        req: Request<Streaming<<Xds as Wire>::Req>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Ok(start::<Xds>(&self.ctx, req))
-    }
-
-    async fn delta_aggregated_resources(
-        &self,
-        req: Request<Streaming<<Delta as Wire>::Req>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(start::<Delta>(&self.ctx, req))
-    }
-}
-
-#[tonic::async_trait]
-impl ResourceSource for Services {
-    type EstablishResourceStreamStream = Out<Legacy>;
-
-    async fn establish_resource_stream(
-        &self,
-        req: Request<Streaming<<Legacy as Wire>::Req>>,
-    ) -> Result<Response<Self::EstablishResourceStreamStream>, Status> {
-        Ok(start::<Legacy>(&self.ctx, req))
-    }
-}
-
-#[tonic::async_trait]
-impl AggregatedMeshConfigService for Services {
-    type StreamAggregatedResourcesStream = Out<MeshSotw>;
-    type IncrementalAggregatedResourcesStream = Out<MeshIncremental>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        req: Request<Streaming<<MeshSotw as Wire>::Req>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Ok(start::<MeshSotw>(&self.ctx, req))
-    }
-
-    async fn incremental_aggregated_resources(
-        &self,
-        req: Request<Streaming<<MeshIncremental as Wire>::Req>>,
-    ) -> Result<Response<Self::IncrementalAggregatedResourcesStream>, Status> {
-        Ok(start::<MeshIncremental>(&self.ctx, req))
-    }
 }
 
 struct SinkGauge(prometheus::IntGauge);
@@ -220,7 +134,7 @@ fn type_class(served: bool) -> &'static str {
 /// Runs one stream until the sink leaves, the stream breaks, or shutdown.
 async fn drive<W: Wire>(
     mut requests: Streaming<W::Req>,
-    tx: mpsc::Sender<Result<W::Resp, Status>>,
+    tx: mpsc::Sender<Sent>,
     ctx: StreamContext,
     peer: String,
 ) {
@@ -281,6 +195,19 @@ async fn drive<W: Wire>(
         for out in outgoing {
             let served = out.served;
             let resp = W::response(out);
+            if let Some(limit) = ctx.max_message_size.filter(|l| resp.len() > *l) {
+                metrics.oversized.with_label_values(&[W::PROTOCOL]).inc();
+                tracing::error!(protocol = W::PROTOCOL, %peer, bytes = resp.len(), limit, "A response is larger than --max-message-size; ending the stream instead of sending it (shard the source or raise the sink's receive limit).");
+                let status = Status::resource_exhausted(format!(
+                    "the response is {} bytes, over this source's --max-message-size of {limit} bytes",
+                    resp.len()
+                ));
+                tokio::select! {
+                    _ = tx.send(Err(status)) => {}
+                    _ = ctx.shutdown.cancelled() => {}
+                }
+                return;
+            }
             metrics
                 .pushes
                 .with_label_values(&[W::PROTOCOL, type_class(served)])
@@ -288,7 +215,7 @@ async fn drive<W: Wire>(
             metrics
                 .push_bytes
                 .with_label_values(&[W::PROTOCOL])
-                .inc_by(resp.encoded_len() as u64);
+                .inc_by(resp.len() as u64);
             // A sink that stopped reading blocks this send; shutdown must not wait on it.
             tokio::select! {
                 sent = tx.send(Ok(resp)) => if sent.is_err() {

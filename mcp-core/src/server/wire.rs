@@ -1,18 +1,24 @@
-//! Protocol-specific halves: request decoding and response encoding for each RPC. The rules live
-//! in [`super::engine`].
+//! Protocol-specific halves: request decoding and response layout for each RPC. The rules live
+//! in [`super::engine`]; how a response becomes frames lives in [`super::frames`].
+//!
+//! A response is laid out as prost's encoding of the message's small fields (the `proto::wire`
+//! types with the resources left empty) before and after the repeated resource field, which
+//! [`Encoded`] writes around the cache's shared bytes.
 
 use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use prost::Message;
 use proto::istio::mcp::v1alpha1::{
     IncrementalMeshConfigRequest, MeshConfigRequest, RequestResources,
 };
 use proto::wire::{
-    DeltaDiscoveryResponse, DeltaResource, DiscoveryResponse, IncrementalMeshConfigResponse,
-    MeshConfigResponse, Resources, SharedAny,
+    DeltaDiscoveryResponse, DiscoveryResponse, IncrementalMeshConfigResponse, MeshConfigResponse,
+    Resources,
 };
 
 use super::engine::{Incremental, Names, Outgoing, Request};
+use super::frames::{Encoded, Wrap};
 
 /// Type URLs under which istiod asks for ServiceEntries over xDS (<= 1.23 v1alpha3, 1.24+ v1).
 pub const SERVICE_ENTRY_TYPE_URLS: [&str; 3] = [
@@ -43,11 +49,11 @@ fn envoy_nack(status: Option<&envoy_types::pb::google::rpc::Status>) -> Option<S
 /// One RPC's message shapes.
 pub trait Wire: Send + 'static {
     /// Request message.
-    type Req: Send + 'static;
-    /// Response message.
-    type Resp: prost::Message + Send + 'static;
+    type Req: Message + Default + Send + 'static;
     /// Metric / log label.
     const PROTOCOL: &'static str;
+    /// The gRPC method's HTTP/2 path.
+    const PATH: &'static str;
     /// When responses are incremental.
     const INCREMENTAL: Incremental;
     /// Which type keys carry ServiceEntries.
@@ -56,15 +62,8 @@ pub trait Wire: Send + 'static {
     fn request(req: Self::Req) -> Request;
     /// Node id of the sink, if the request names one.
     fn node(req: &Self::Req) -> Option<String>;
-    /// Encodes a response.
-    fn response(out: Outgoing) -> Self::Resp;
-}
-
-fn shared(e: &crate::cache::Entry) -> SharedAny {
-    SharedAny {
-        type_url: proto::MCP_RESOURCE_TYPE_URL,
-        value: e.resource.clone(),
-    }
+    /// Lays out a response.
+    fn response(out: Outgoing) -> Encoded;
 }
 
 /// `envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources` (istiod 1.8+).
@@ -72,8 +71,9 @@ pub struct Xds;
 
 impl Wire for Xds {
     type Req = DiscoveryRequest;
-    type Resp = DiscoveryResponse;
     const PROTOCOL: &'static str = "xds";
+    const PATH: &'static str =
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
     const INCREMENTAL: Incremental = Incremental::Never;
     fn served(t: &str) -> bool {
         xds_served(t)
@@ -91,13 +91,22 @@ impl Wire for Xds {
     fn node(r: &DiscoveryRequest) -> Option<String> {
         r.node.as_ref().map(|n| n.id.clone())
     }
-    fn response(o: Outgoing) -> DiscoveryResponse {
-        DiscoveryResponse {
+    fn response(o: Outgoing) -> Encoded {
+        let head = DiscoveryResponse {
             version_info: o.version,
-            resources: o.resources.iter().map(|e| shared(e)).collect(),
+            ..Default::default()
+        };
+        let tail = DiscoveryResponse {
             type_url: o.type_key,
             nonce: o.nonce,
-        }
+            ..Default::default()
+        };
+        Encoded::new(
+            head.encode_to_vec(),
+            o.resources,
+            Wrap::Any { field: 2 },
+            tail.encode_to_vec(),
+        )
     }
 }
 
@@ -106,8 +115,9 @@ pub struct Delta;
 
 impl Wire for Delta {
     type Req = DeltaDiscoveryRequest;
-    type Resp = DeltaDiscoveryResponse;
     const PROTOCOL: &'static str = "delta";
+    const PATH: &'static str =
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
     const INCREMENTAL: Incremental = Incremental::Always;
     fn served(t: &str) -> bool {
         xds_served(t)
@@ -128,22 +138,23 @@ impl Wire for Delta {
     fn node(r: &DeltaDiscoveryRequest) -> Option<String> {
         r.node.as_ref().map(|n| n.id.clone())
     }
-    fn response(o: Outgoing) -> DeltaDiscoveryResponse {
-        DeltaDiscoveryResponse {
+    fn response(o: Outgoing) -> Encoded {
+        let head = DeltaDiscoveryResponse {
             system_version_info: o.version,
-            resources: o
-                .resources
-                .iter()
-                .map(|e| DeltaResource {
-                    version: e.version.to_string(),
-                    resource: Some(shared(e)),
-                    name: e.name.to_string(),
-                })
-                .collect(),
+            ..Default::default()
+        };
+        let tail = DeltaDiscoveryResponse {
             type_url: o.type_key,
             nonce: o.nonce,
             removed_resources: o.removed,
-        }
+            ..Default::default()
+        };
+        Encoded::new(
+            head.encode_to_vec(),
+            o.resources,
+            Wrap::Delta { field: 2 },
+            tail.encode_to_vec(),
+        )
     }
 }
 
@@ -152,8 +163,8 @@ pub struct Legacy;
 
 impl Wire for Legacy {
     type Req = RequestResources;
-    type Resp = Resources;
     const PROTOCOL: &'static str = "mcp";
+    const PATH: &'static str = "/istio.mcp.v1alpha1.ResourceSource/EstablishResourceStream";
     const INCREMENTAL: Incremental = Incremental::IfRequested;
     fn served(t: &str) -> bool {
         t == SERVICE_ENTRY_COLLECTION
@@ -171,15 +182,24 @@ impl Wire for Legacy {
     fn node(r: &RequestResources) -> Option<String> {
         r.sink_node.as_ref().map(|n| n.id.clone())
     }
-    fn response(o: Outgoing) -> Resources {
-        Resources {
+    fn response(o: Outgoing) -> Encoded {
+        let head = Resources {
             system_version_info: o.version,
             collection: o.type_key,
-            resources: o.resources.iter().map(|e| e.resource.clone()).collect(),
+            ..Default::default()
+        };
+        let tail = Resources {
             removed_resources: o.removed,
             nonce: o.nonce,
             incremental: o.incremental,
-        }
+            ..Default::default()
+        };
+        Encoded::new(
+            head.encode_to_vec(),
+            o.resources,
+            Wrap::Raw { field: 3 },
+            tail.encode_to_vec(),
+        )
     }
 }
 
@@ -189,8 +209,9 @@ pub struct MeshSotw;
 
 impl Wire for MeshSotw {
     type Req = MeshConfigRequest;
-    type Resp = MeshConfigResponse;
     const PROTOCOL: &'static str = "mcp-aggregated";
+    const PATH: &'static str =
+        "/istio.mcp.v1alpha1.AggregatedMeshConfigService/StreamAggregatedResources";
     const INCREMENTAL: Incremental = Incremental::Never;
     fn served(t: &str) -> bool {
         legacy_served(t)
@@ -208,13 +229,22 @@ impl Wire for MeshSotw {
     fn node(r: &MeshConfigRequest) -> Option<String> {
         r.sink_node.as_ref().map(|n| n.id.clone())
     }
-    fn response(o: Outgoing) -> MeshConfigResponse {
-        MeshConfigResponse {
+    fn response(o: Outgoing) -> Encoded {
+        let head = MeshConfigResponse {
             version_info: o.version,
-            resources: o.resources.iter().map(|e| e.resource.clone()).collect(),
+            ..Default::default()
+        };
+        let tail = MeshConfigResponse {
             type_url: o.type_key,
             nonce: o.nonce,
-        }
+            ..Default::default()
+        };
+        Encoded::new(
+            head.encode_to_vec(),
+            o.resources,
+            Wrap::Raw { field: 2 },
+            tail.encode_to_vec(),
+        )
     }
 }
 
@@ -223,8 +253,9 @@ pub struct MeshIncremental;
 
 impl Wire for MeshIncremental {
     type Req = IncrementalMeshConfigRequest;
-    type Resp = IncrementalMeshConfigResponse;
     const PROTOCOL: &'static str = "mcp-aggregated-incremental";
+    const PATH: &'static str =
+        "/istio.mcp.v1alpha1.AggregatedMeshConfigService/IncrementalAggregatedResources";
     const INCREMENTAL: Incremental = Incremental::Always;
     fn served(t: &str) -> bool {
         legacy_served(t)
@@ -242,12 +273,21 @@ impl Wire for MeshIncremental {
     fn node(r: &IncrementalMeshConfigRequest) -> Option<String> {
         r.sink_node.as_ref().map(|n| n.id.clone())
     }
-    fn response(o: Outgoing) -> IncrementalMeshConfigResponse {
-        IncrementalMeshConfigResponse {
+    fn response(o: Outgoing) -> Encoded {
+        let head = IncrementalMeshConfigResponse {
             system_version_info: o.version,
-            resources: o.resources.iter().map(|e| e.resource.clone()).collect(),
+            ..Default::default()
+        };
+        let tail = IncrementalMeshConfigResponse {
             removed_resources: o.removed,
             nonce: o.nonce,
-        }
+            ..Default::default()
+        };
+        Encoded::new(
+            head.encode_to_vec(),
+            o.resources,
+            Wrap::Raw { field: 2 },
+            tail.encode_to_vec(),
+        )
     }
 }

@@ -10,10 +10,10 @@ mod service_entry;
 
 use std::time::SystemTime;
 
-use proto::istio::networking::v1alpha3::ServiceEntry;
+use proto::istio::networking::v1alpha3::{ServiceEntry, WorkloadEntry};
 
 use crate::cli::OnEmpty;
-use crate::model::Labels;
+use crate::model::{Endpoint, Labels, SharedStr};
 use crate::vip::VipCidr;
 
 pub use service_entry::translate;
@@ -67,10 +67,40 @@ pub struct Translated {
     pub labels: Labels,
     /// Resource annotations.
     pub annotations: Labels,
-    /// The ServiceEntry body.
+    /// The ServiceEntry body, except its endpoints: `translate` leaves `spec.endpoints` empty and
+    /// puts them in [`Translated::endpoints`].
     pub spec: ServiceEntry,
+    /// The endpoints, validated and in the order they are encoded. They stay in model form so
+    /// that their shared label sets and strings are encoded where they are (`cache::encode`)
+    /// instead of being copied into a protobuf map and strings per endpoint first.
+    pub endpoints: Vec<Endpoint>,
     /// What was dropped to make it valid, one line each.
     pub warnings: Vec<(WarningKind, String)>,
+}
+
+impl Translated {
+    /// The complete ServiceEntry as a protobuf message, endpoints included. Copies every
+    /// endpoint: for tests and tools, not the serving path.
+    pub fn service_entry(&self) -> ServiceEntry {
+        let mut spec = self.spec.clone();
+        spec.endpoints
+            .extend(self.endpoints.iter().map(workload_entry));
+        spec
+    }
+}
+
+/// The WorkloadEntry a model endpoint encodes as.
+fn workload_entry(ep: &Endpoint) -> WorkloadEntry {
+    let text = |s: &Option<SharedStr>| s.as_deref().unwrap_or_default().to_string();
+    WorkloadEntry {
+        address: ep.address.clone(),
+        ports: ep.ports.clone(),
+        labels: ep.labels.to_labels(),
+        network: text(&ep.network),
+        locality: text(&ep.locality),
+        weight: ep.weight.unwrap_or(0),
+        service_account: text(&ep.service_account),
+    }
 }
 
 /// What a translation warning dropped (the `kind` label of the warnings metric).

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use proto::istio::networking::v1alpha3::{
-    service_entry, ServiceEntry, ServicePort, WorkloadEntry, WorkloadSelector,
+    service_entry, ServiceEntry, ServicePort, WorkloadSelector,
 };
 
 use super::naming::{
@@ -16,7 +16,7 @@ use super::{
     Invalid, TranslateConfig, Translated, WarningKind, FIXED_CREATE_TIME, LABEL_REGISTRY,
     LABEL_SOURCE,
 };
-use crate::model::{Endpoint, Host, Labels, Location, Port, Resolution, Service};
+use crate::model::{Endpoint, Host, LabelSet, Labels, Location, Port, Resolution, Service};
 
 /// Builds the ServiceEntry for `service`, or says every reason it cannot be served. Takes the
 /// service by value: its strings move into the ServiceEntry instead of being copied (the
@@ -116,7 +116,7 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
             Resolution::Dns => service_entry::Resolution::Dns,
             Resolution::DnsRoundRobin => service_entry::Resolution::DnsRoundRobin,
         } as i32,
-        endpoints,
+        endpoints: Vec::new(),
         export_to,
         subject_alt_names,
         workload_selector,
@@ -127,6 +127,7 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
         labels,
         annotations,
         spec,
+        endpoints,
         warnings,
     })
 }
@@ -266,7 +267,7 @@ fn endpoints(
     ports: &[ServicePort],
     errors: &mut Vec<String>,
     warnings: &mut Vec<(WarningKind, String)>,
-) -> Vec<WorkloadEntry> {
+) -> Vec<Endpoint> {
     if resolution == Resolution::None {
         if !model.is_empty() {
             errors.push("spec.endpoints: resolution NONE cannot have endpoints".into());
@@ -274,7 +275,8 @@ fn endpoints(
         return Vec::new();
     }
     let mut out = Vec::with_capacity(model.len());
-    for (i, ep) in model.into_iter().enumerate() {
+    let mut checked = CheckedLabels::default();
+    for (i, mut ep) in model.into_iter().enumerate() {
         // Field paths are only formatted when something is wrong (this loop is the hot path).
         let field = || format!("spec.endpoints[{i}]");
         if let Err(e) = check_endpoint_address(&ep, resolution) {
@@ -285,8 +287,7 @@ fn endpoints(
             ));
             continue;
         }
-        let mut ep_ports = ep.ports;
-        ep_ports.retain(|name, number| {
+        ep.ports.retain(|name, number| {
             let number = *number;
             if !ports.iter().any(|p| &p.name == name) {
                 let field = field();
@@ -307,20 +308,18 @@ fn endpoints(
             }
             false
         });
-        out.push(WorkloadEntry {
-            address: ep.address,
-            ports: ep_ports,
-            labels: clean_labels(ep.labels, || format!("{}.labels", field()), warnings),
-            network: ep.network.unwrap_or_default(),
-            locality: ep.locality.unwrap_or_default(),
-            weight: ep.weight.unwrap_or(0),
-            service_account: ep.service_account.unwrap_or_default(),
-        });
+        ep.labels = checked.clean(ep.labels, || format!("{}.labels", field()), warnings);
+        out.push(ep);
     }
     // Registries list instances in no particular order; sorted output keeps versions stable.
+    // (A missing weight sorts as the 0 it is encoded as.)
     out.sort_by(|a, b| {
-        (&a.address, &a.ports, &a.labels, a.weight)
-            .cmp(&(&b.address, &b.ports, &b.labels, b.weight))
+        (&a.address, &a.ports, &a.labels, a.weight.unwrap_or(0)).cmp(&(
+            &b.address,
+            &b.ports,
+            &b.labels,
+            b.weight.unwrap_or(0),
+        ))
     });
     if resolution == Resolution::DnsRoundRobin && out.len() > 1 {
         errors.push(format!(
@@ -342,6 +341,72 @@ fn check_endpoint_address(ep: &Endpoint, resolution: Resolution) -> Result<(), S
         )),
         _ if check_host(a).is_ok() && !a.starts_with('*') => Ok(()),
         _ => Err(format!("{a:?} is neither an IP address nor a DNS name")),
+    }
+}
+
+/// Endpoint label sets already checked in one service, with what checking them found.
+///
+/// Endpoints of a service share a few label sets, so each distinct set is validated once rather
+/// than once per endpoint; a valid set (the usual case) is kept as is, shared, not copied. At most
+/// [`CheckedLabels::MAX`] sets are remembered, so a service whose endpoints all carry different
+/// labels costs no more than checking each.
+#[derive(Default)]
+struct CheckedLabels {
+    seen: Vec<Checked>,
+}
+
+struct Checked {
+    given: LabelSet,
+    clean: LabelSet,
+    /// One message per dropped label.
+    problems: Vec<String>,
+}
+
+impl CheckedLabels {
+    const MAX: usize = 16;
+
+    /// `labels` without the ones Kubernetes would reject, one warning each.
+    fn clean(
+        &mut self,
+        labels: LabelSet,
+        field: impl Fn() -> String,
+        warnings: &mut Vec<(WarningKind, String)>,
+    ) -> LabelSet {
+        let checked = match self.seen.iter().position(|c| c.given.ptr_eq(&labels)) {
+            Some(i) => &self.seen[i],
+            None if self.seen.len() < Self::MAX => {
+                self.seen.push(Checked::of(labels));
+                &self.seen[self.seen.len() - 1]
+            }
+            None => &Checked::of(labels),
+        };
+        for e in &checked.problems {
+            warnings.push((
+                WarningKind::Label,
+                format!("{}: {e}; label dropped", field()),
+            ));
+        }
+        checked.clean.clone()
+    }
+}
+
+impl Checked {
+    fn of(given: LabelSet) -> Self {
+        let check = |k: &str, v: &str| check_label_key(k).and_then(|()| check_label_value(k, v));
+        let problems: Vec<String> = given
+            .iter()
+            .filter_map(|(k, v)| check(k, v).err())
+            .collect();
+        let clean = if problems.is_empty() {
+            given.clone()
+        } else {
+            given.iter().filter(|(k, v)| check(k, v).is_ok()).collect()
+        };
+        Self {
+            given,
+            clean,
+            problems,
+        }
     }
 }
 
@@ -426,7 +491,8 @@ mod tests {
             service_entry::Location::MeshInternal as i32
         );
         // Sorted, whatever order the registry listed them in.
-        assert_eq!(t.spec.endpoints[0].address, "10.0.0.1");
+        assert_eq!(t.endpoints[0].address, "10.0.0.1");
+        assert_eq!(t.service_entry().endpoints[0].address, "10.0.0.1");
         assert_eq!(
             t.labels.get(LABEL_REGISTRY).map(String::as_str),
             Some("consul")
@@ -441,15 +507,15 @@ mod tests {
     fn drops_bad_endpoints_labels_and_port_mappings_but_keeps_the_service() {
         let mut s = mk_service("web");
         let mut good = mk_endpoint("10.0.0.1");
-        good.labels.insert("ok".into(), "v1".into());
-        good.labels.insert("bad key".into(), "v".into());
-        good.labels.insert("k".into(), "bad,value".into());
+        good.labels = [("ok", "v1"), ("bad key", "v"), ("k", "bad,value")]
+            .into_iter()
+            .collect();
         good.ports.insert("http".into(), 9090);
         good.ports.insert("nope".into(), 1);
         s.endpoints = vec![good, mk_endpoint("host.example.com")];
         let t = translate(s.clone(), &cfg()).expect("valid");
-        assert_eq!(t.spec.endpoints.len(), 1);
-        let ep = &t.spec.endpoints[0];
+        assert_eq!(t.endpoints.len(), 1);
+        let ep = &t.endpoints[0];
         assert_eq!(ep.labels.len(), 1);
         assert_eq!(ep.ports.get("http"), Some(&9090));
         assert!(!ep.ports.contains_key("nope"));
@@ -458,6 +524,34 @@ mod tests {
             .warnings
             .iter()
             .any(|(k, w)| *k == WarningKind::Endpoint && w.contains("spec.endpoints[1].address")));
+    }
+
+    /// Endpoints sharing a label set: checked once, warned about per endpoint, and the cleaned
+    /// set is shared again.
+    #[test]
+    fn shared_label_sets_are_checked_once_and_warned_per_endpoint() {
+        let mut s = mk_service("web");
+        let bad: LabelSet = [("ok", "v1"), ("bad key", "v")].into_iter().collect();
+        let good: LabelSet = [("ok", "v1")].into_iter().collect();
+        s.endpoints = (1..=3)
+            .map(|i| Endpoint {
+                labels: if i == 2 { good.clone() } else { bad.clone() },
+                ..mk_endpoint(&format!("10.0.0.{i}"))
+            })
+            .collect();
+        let t = translate(s, &cfg()).expect("valid");
+        let warned: Vec<&str> = t.warnings.iter().map(|(_, w)| w.as_str()).collect();
+        assert_eq!(warned.len(), 2, "{warned:?}");
+        assert!(
+            warned[0].starts_with("spec.endpoints[0].labels: "),
+            "{warned:?}"
+        );
+        assert!(
+            warned[1].starts_with("spec.endpoints[2].labels: "),
+            "{warned:?}"
+        );
+        assert!(t.endpoints.iter().all(|e| e.labels == good));
+        assert!(t.endpoints[0].labels.ptr_eq(&t.endpoints[2].labels));
     }
 
     #[test]

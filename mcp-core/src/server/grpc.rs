@@ -1,0 +1,140 @@
+//! The three MCP gRPC services, served without tonic's generated servers.
+//!
+//! Generated servers encode each response into one buffer per stream; these hand the transport
+//! a [`ResponseBody`] instead (see [`super::frames`]). Requests are still decoded by tonic's
+//! [`Streaming`], so limits and error statuses are tonic's.
+
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::marker::PhantomData;
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Request, Response};
+use tokio::sync::mpsc;
+use tonic::body::Body;
+use tonic::codec::Streaming;
+use tonic::server::NamedService;
+use tonic::Status;
+use tonic_prost::ProstCodec;
+
+use super::body::ResponseBody;
+use super::wire::{Delta, Legacy, MeshIncremental, MeshSotw, Wire, Xds};
+use super::{drive, StreamContext, MAX_REQUEST};
+
+/// A gRPC service name and the methods it routes.
+pub trait Methods: Send + Sync + 'static {
+    /// Fully qualified service name.
+    const NAME: &'static str;
+    /// Starts the stream for `path`, or `None` if the service has no such method.
+    fn route(path: &str, ctx: &StreamContext, req: Request<Body>) -> Option<Response<Body>>;
+}
+
+/// `envoy.service.discovery.v3.AggregatedDiscoveryService` (istiod 1.8+).
+#[derive(Debug)]
+pub struct Ads;
+
+impl Methods for Ads {
+    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+    fn route(path: &str, ctx: &StreamContext, req: Request<Body>) -> Option<Response<Body>> {
+        match path {
+            Xds::PATH => Some(start::<Xds>(ctx, req)),
+            Delta::PATH => Some(start::<Delta>(ctx, req)),
+            _ => None,
+        }
+    }
+}
+
+/// `istio.mcp.v1alpha1.ResourceSource` (Pilot 1.1-1.7).
+#[derive(Debug)]
+pub struct ResourceSource;
+
+impl Methods for ResourceSource {
+    const NAME: &'static str = "istio.mcp.v1alpha1.ResourceSource";
+    fn route(path: &str, ctx: &StreamContext, req: Request<Body>) -> Option<Response<Body>> {
+        (path == Legacy::PATH).then(|| start::<Legacy>(ctx, req))
+    }
+}
+
+/// `istio.mcp.v1alpha1.AggregatedMeshConfigService` (Pilot 1.1 legacy mode).
+#[derive(Debug)]
+pub struct MeshConfig;
+
+impl Methods for MeshConfig {
+    const NAME: &'static str = "istio.mcp.v1alpha1.AggregatedMeshConfigService";
+    fn route(path: &str, ctx: &StreamContext, req: Request<Body>) -> Option<Response<Body>> {
+        match path {
+            MeshSotw::PATH => Some(start::<MeshSotw>(ctx, req)),
+            MeshIncremental::PATH => Some(start::<MeshIncremental>(ctx, req)),
+            _ => None,
+        }
+    }
+}
+
+/// One service, as the gRPC router wants it.
+#[derive(Debug)]
+pub struct Service<M> {
+    ctx: StreamContext,
+    _methods: PhantomData<fn() -> M>,
+}
+
+impl<M> Service<M> {
+    /// The service over the shared stream context.
+    pub fn new(ctx: StreamContext) -> Self {
+        Self {
+            ctx,
+            _methods: PhantomData,
+        }
+    }
+}
+
+impl<M> Clone for Service<M> {
+    fn clone(&self) -> Self {
+        Self::new(self.ctx.clone())
+    }
+}
+
+impl<M: Methods> NamedService for Service<M> {
+    const NAME: &'static str = M::NAME;
+}
+
+impl<M: Methods> tower_service::Service<Request<Body>> for Service<M> {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let path = req.uri().path().to_owned();
+        let resp = M::route(&path, &self.ctx, req).unwrap_or_else(|| {
+            Status::unimplemented(format!("no method {path}")).into_http::<Body>()
+        });
+        ready(Ok(resp))
+    }
+}
+
+/// Starts one stream: its task decodes requests and feeds the response body.
+fn start<W: Wire>(ctx: &StreamContext, req: Request<Body>) -> Response<Body> {
+    let req = tonic::Request::from_http(req);
+    let peer = req
+        .remote_addr()
+        .map_or_else(|| "unknown".to_string(), |a| a.to_string());
+    let requests = Streaming::<W::Req>::new_request(
+        tonic::codec::Codec::decoder(&mut ProstCodec::<W::Req, W::Req>::default()),
+        req.into_inner(),
+        None,
+        Some(MAX_REQUEST),
+    );
+    // One slot: the engine keeps one response per type in flight, so a sink that stopped
+    // reading holds the response being written and at most this one more.
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(drive::<W>(requests, tx, ctx.clone(), peer));
+    let mut resp = Response::new(Body::new(ResponseBody::new(rx)));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    resp
+}
