@@ -2,8 +2,9 @@
 //! until an xDS sink holds the new endpoint set (1,000 providers over 100 interfaces). The floor,
 //! measured in the same run, is ZooKeeper's own child watch firing after the same write: once
 //! with writes back to back (as first measured), and once on the adapter's own writes, which
-//! are 50 ms apart (ZooKeeper takes longer to commit a write after an idle gap, so only this
-//! one compares like with like).
+//! are 50 ms apart. On a 2-core machine the watch fired later after such a gap than back to
+//! back (paced like the adapter's, the first floor's p50 went from ~2.3 to ~3.4 ms), so only
+//! the second compares like with like.
 //!
 //!     cargo build --release -p adapter-zookeeper -p mcpctl && \
 //!       cargo bench -p e2e --bench zookeeper_latency
