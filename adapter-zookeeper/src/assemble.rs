@@ -16,6 +16,7 @@
 //! that are renamed or trimmed are copied and hashed again.
 
 use std::borrow::Cow;
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use mcp_core::{Host, Service, ServiceKey};
@@ -56,12 +57,17 @@ pub struct Served {
 }
 
 impl Served {
+    /// What to remember of `service`, sent with content hash `hash`.
+    pub fn new(service: &Service, hash: u64) -> Self {
+        Self {
+            hash,
+            interface: service.annotations.get(INTERFACE_ANNOTATION).cloned(),
+        }
+    }
+
     /// What to remember of `built` once it is sent.
     pub fn of(built: &Built<'_>) -> Self {
-        Self {
-            hash: built.hash,
-            interface: built.service.annotations.get(INTERFACE_ANNOTATION).cloned(),
-        }
+        Self::new(&built.service, built.hash)
     }
 }
 
@@ -123,31 +129,33 @@ pub fn assemble<'a>(
         if out.hidden.contains(&c.service.key) {
             continue;
         }
-        if let Some(first) = out.services.get(&c.service.key) {
-            out.problems
-                .entry(c.scope.to_string())
-                .or_default()
-                .push(format!(
-                    "{}: name {} is already used by {}; skipped",
-                    c.service.origin, c.service.key.name, first.service.origin
-                ));
-            continue;
-        }
-        let hash = match c.hash {
-            Some(h) => h,
-            None => c.service.content_hash(),
-        };
         let key = match c.service {
             Cow::Borrowed(s) => Cow::Borrowed(&s.key),
             Cow::Owned(ref s) => Cow::Owned(s.key.clone()),
         };
-        out.services.insert(
-            key,
-            Built {
-                service: c.service,
-                hash,
-            },
-        );
+        match out.services.entry(key) {
+            Entry::Occupied(first) => {
+                out.problems
+                    .entry(c.scope.to_string())
+                    .or_default()
+                    .push(format!(
+                        "{}: name {} is already used by {}; skipped",
+                        c.service.origin,
+                        c.service.key.name,
+                        first.get().service.origin
+                    ));
+            }
+            Entry::Vacant(slot) => {
+                let hash = match c.hash {
+                    Some(h) => h,
+                    None => c.service.content_hash(),
+                };
+                slot.insert(Built {
+                    service: c.service,
+                    hash,
+                });
+            }
+        }
     }
     out
 }

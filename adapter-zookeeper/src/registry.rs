@@ -30,7 +30,7 @@
 //! remembered as content hashes ([`Served`]), not as a second copy of the services.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -220,6 +220,15 @@ struct Model {
     served: BTreeMap<ServiceKey, Served>,
     /// Services hidden because the other Dubbo registration serves their endpoints.
     hidden: BTreeSet<ServiceKey>,
+    /// How many directories produce each service key (before assembling). Services affect
+    /// one another only through a shared name or Dubbo 3 dual registration, so a change whose
+    /// keys no other directory produces is sent without assembling everything again.
+    names: HashMap<ServiceKey, usize>,
+    /// Directories holding a Dubbo 3 application (dual registration is compared only then).
+    dubbo3: usize,
+    /// Directories changed since the last [`Model::sync`], with the key their service had
+    /// before the first of those changes.
+    dirty: BTreeMap<Dir, Option<ServiceKey>>,
 }
 
 /// What one directory holds: what its children were read as and what they convert to.
@@ -425,13 +434,22 @@ impl Model {
     /// (the new one and, if it moved or went, the old one) to `touched`.
     fn apply(&mut self, dir: Dir, read: Read, touched: &mut Vec<String>) {
         let mut old = self.states.remove(&dir);
-        let mut new = match read {
-            Read::Unchanged => {
-                if let Some(o) = old {
-                    self.states.insert(dir, o);
-                }
-                return;
+        if let Read::Unchanged = read {
+            if let Some(o) = old {
+                self.states.insert(dir, o);
             }
+            return;
+        }
+        if let Some(o) = &old {
+            self.count(o, false);
+        }
+        let before = old
+            .as_ref()
+            .and_then(|o| o.converted.service.as_ref())
+            .map(|s| s.key.clone());
+        self.dirty.entry(dir.clone()).or_insert(before);
+        let mut new = match read {
+            Read::Unchanged => return,
             Read::Gone => {
                 touched.extend(old.map(|o| o.scope));
                 return;
@@ -452,17 +470,46 @@ impl Model {
             touched.push(o.scope);
         }
         touched.push(new.scope.clone());
+        self.count(&new, true);
         self.states.insert(dir, new);
     }
 
-    /// Assembles what is served now and brings `served` and `hidden` up to it: the events that
-    /// tell the core (one `Reset` of everything when `reset`, else the removals and the
-    /// upserts of what changed, nothing else), and the problems found while assembling.
+    /// Counts a directory's state in (`add`) or out of [`Model::names`] and [`Model::dubbo3`].
+    fn count(&mut self, st: &DirState, add: bool) {
+        let Some(service) = &st.converted.service else {
+            return;
+        };
+        let dubbo3 = usize::from(st.converted.kind == Kind::Dubbo3Application);
+        if add {
+            *self.names.entry(service.key.clone()).or_default() += 1;
+            self.dubbo3 += dubbo3;
+            return;
+        }
+        if let Some(n) = self.names.get_mut(&service.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.names.remove(&service.key);
+            }
+        }
+        self.dubbo3 = self.dubbo3.saturating_sub(dubbo3);
+    }
+
+    /// Brings `served` and `hidden` up to what is served now: the events that tell the core
+    /// (one `Reset` of everything when `reset`, else the removals and the upserts of what
+    /// changed, nothing else), and the problems found while assembling (`None`: as before).
+    ///
+    /// A change that cannot affect another service (see [`Model::isolated`]) is sent as the
+    /// changed directories hold it, in time proportional to the change; anything else
+    /// assembles every directory again.
     fn sync(
         &mut self,
         discovery: DubboDiscovery,
         reset: bool,
-    ) -> (Vec<RegistryEvent>, BTreeMap<String, Vec<String>>) {
+    ) -> (Vec<RegistryEvent>, Option<BTreeMap<String, Vec<String>>>) {
+        let dirty = std::mem::take(&mut self.dirty);
+        if !reset && self.isolated(&dirty, discovery) {
+            return (self.send_dirty(&dirty), None);
+        }
         let Model {
             states,
             served,
@@ -493,7 +540,70 @@ impl Model {
             changes(served, services)
         };
         *hidden = now_hidden;
-        (events, problems)
+        (events, Some(problems))
+    }
+
+    /// Whether the changed directories' services can be sent as they are: no Dubbo 3 dual
+    /// registration to compare (nor anything hidden by it), and no key they had or have is
+    /// produced by another directory or still served for one (no rename, no duplicate).
+    fn isolated(
+        &self,
+        dirty: &BTreeMap<Dir, Option<ServiceKey>>,
+        discovery: DubboDiscovery,
+    ) -> bool {
+        if (discovery != DubboDiscovery::Both && self.dubbo3 > 0) || !self.hidden.is_empty() {
+            return false;
+        }
+        dirty.iter().all(|(dir, before)| {
+            let now = self
+                .states
+                .get(dir)
+                .and_then(|st| st.converted.service.as_ref())
+                .map(|s| &s.key);
+            let now_alone = now.is_none_or(|k| {
+                self.names.get(k) == Some(&1)
+                    && (before.as_ref() == Some(k) || !self.served.contains_key(k))
+            });
+            let before_gone = before
+                .as_ref()
+                .is_none_or(|k| now == Some(k) || !self.names.contains_key(k));
+            now_alone && before_gone
+        })
+    }
+
+    /// The events for an isolated change ([`Model::isolated`]): removals of the keys the
+    /// changed directories no longer produce, upserts of their services that differ from what
+    /// was sent.
+    fn send_dirty(&mut self, dirty: &BTreeMap<Dir, Option<ServiceKey>>) -> Vec<RegistryEvent> {
+        let mut removals = Vec::new();
+        let mut upserts = Vec::new();
+        for (dir, before) in dirty {
+            let now = self
+                .states
+                .get(dir)
+                .and_then(|st| st.converted.service.as_ref().map(|s| (s, st.hash)));
+            if let Some(k) = before {
+                if now.is_none_or(|(s, _)| s.key != *k) && self.served.remove(k).is_some() {
+                    removals.push(RegistryEvent::Remove(k.clone()));
+                }
+            }
+            let Some((service, hash)) = now else {
+                continue;
+            };
+            let hash = hash.unwrap_or_else(|| service.content_hash());
+            if self
+                .served
+                .get(&service.key)
+                .is_some_and(|s| s.hash == hash)
+            {
+                continue;
+            }
+            self.served
+                .insert(service.key.clone(), Served::new(service, hash));
+            upserts.push(RegistryEvent::Upsert(service.clone()));
+        }
+        removals.extend(upserts);
+        removals
     }
 }
 
@@ -502,23 +612,28 @@ fn changes(
     served: &mut BTreeMap<ServiceKey, Served>,
     next: BTreeMap<Cow<'_, ServiceKey>, Built<'_>>,
 ) -> Vec<RegistryEvent> {
-    let gone: Vec<ServiceKey> = served
-        .keys()
-        .filter(|k| !next.contains_key(*k))
-        .cloned()
-        .collect();
-    let mut events = Vec::new();
+    // Both are sorted by key: one pass over the two, no lookup per service.
+    let mut gone = Vec::new();
+    let mut changed = Vec::new();
+    let mut sent = served.iter().peekable();
+    for (key, built) in next {
+        while let Some((k, _)) = sent.next_if(|(k, _)| *k < key.as_ref()) {
+            gone.push(k.clone());
+        }
+        let same = sent
+            .next_if(|(k, _)| *k == key.as_ref())
+            .is_some_and(|(_, s)| s.hash == built.hash);
+        if !same {
+            changed.push((key, built));
+        }
+    }
+    gone.extend(sent.map(|(k, _)| k.clone()));
+    let mut events = Vec::with_capacity(gone.len() + changed.len());
     for key in gone {
         served.remove(&key);
         events.push(RegistryEvent::Remove(key));
     }
-    for (key, built) in next {
-        if served
-            .get(key.as_ref())
-            .is_some_and(|s| s.hash == built.hash)
-        {
-            continue;
-        }
+    for (key, built) in changed {
         served.insert(key.into_owned(), Served::of(&built));
         events.push(RegistryEvent::Upsert(built.service.into_owned()));
     }
@@ -590,8 +705,8 @@ struct Session<'a> {
     root_problems: BTreeMap<String, Vec<String>>,
     /// Problems last sent per scope (only changes are sent again).
     sent_problems: ProblemLedger,
-    /// Scopes that had problems from assembling last time (sent again when those clear).
-    assembly_scopes: BTreeSet<String>,
+    /// Problems from the last assembly (renamed interfaces, duplicate names), per scope.
+    assembly_problems: BTreeMap<String, Vec<String>>,
 }
 
 impl Inner {
@@ -680,7 +795,7 @@ impl Inner {
             model,
             root_problems: BTreeMap::new(),
             sent_problems: ProblemLedger::new(),
-            assembly_scopes: BTreeSet::new(),
+            assembly_problems: BTreeMap::new(),
         };
         let mut seen_gen = client.state.borrow_and_update().0;
         s.full_list(&tx, true).await?;
@@ -1105,17 +1220,22 @@ impl Session<'_> {
         touched: Vec<String>,
         all: bool,
     ) -> Result<(), RegistryError> {
-        let (events, extra) = self.model.sync(self.inner.discovery, reset);
+        let (events, assembled) = self.model.sync(self.inner.discovery, reset);
         // Every scope that may have changed, with its full list: the directory's own problems
         // plus those from assembling (which may come and go for directories that did not
         // change); only the ones that differ from what was sent go out.
         let mut problems: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let scopes = touched
-            .into_iter()
-            .chain(std::mem::take(&mut self.assembly_scopes))
-            .chain(extra.keys().cloned());
-        for scope in scopes {
+        for scope in touched {
             problems.insert(scope, Vec::new());
+        }
+        if let Some(assembled) = assembled {
+            let before = std::mem::replace(&mut self.assembly_problems, assembled);
+            for scope in before
+                .into_keys()
+                .chain(self.assembly_problems.keys().cloned())
+            {
+                problems.insert(scope, Vec::new());
+            }
         }
         for st in self.model.states.values() {
             if all {
@@ -1132,9 +1252,10 @@ impl Session<'_> {
                 .or_default()
                 .extend(p.iter().cloned());
         }
-        self.assembly_scopes = extra.keys().cloned().collect();
-        for (scope, p) in extra {
-            problems.entry(scope).or_default().extend(p);
+        for (scope, p) in problems.iter_mut() {
+            if let Some(extra) = self.assembly_problems.get(scope) {
+                p.extend(extra.iter().cloned());
+            }
         }
         for (scope, p) in problems {
             // A new watch re-sends everything: the core may hold scopes from an earlier one.
@@ -1281,6 +1402,84 @@ mod tests {
         );
         assert_eq!(m.served.len(), 1);
         assert_eq!(m.states.len(), 1);
+    }
+
+    #[test]
+    fn a_change_to_a_shared_name_is_assembled_with_the_others() {
+        // Both map to `com.foo.api`; `com.foo.API` keeps it (byte order), `com.foo.Api` is
+        // renamed. `other` has a name of its own.
+        let (upper, lower) = (dir("/dubbo", "com.foo.API"), dir("/dubbo", "com.foo.Api"));
+        let other = dir("/dubbo", "com.foo.Other");
+        let hashed = crate::naming::dubbo_hashed_name("com.foo.Api");
+        let mut m = Model::default();
+        let mut touched = Vec::new();
+        m.apply(
+            upper.clone(),
+            providers(&upper, &["10.0.0.1"]),
+            &mut touched,
+        );
+        m.apply(
+            lower.clone(),
+            providers(&lower, &["10.0.0.2"]),
+            &mut touched,
+        );
+        m.apply(
+            other.clone(),
+            providers(&other, &["10.0.0.3"]),
+            &mut touched,
+        );
+        let (_, problems) = m.sync(DubboDiscovery::Interface, true);
+        assert!(problems.is_some_and(|p| p.contains_key(&lower.scope(true))));
+        assert!(m.served.contains_key(&ServiceKey::new(hashed.clone())));
+
+        // A change elsewhere is sent alone, without assembling (the rename stays as it was).
+        m.apply(
+            other.clone(),
+            providers(&other, &["10.0.0.4"]),
+            &mut touched,
+        );
+        assert!(m.isolated(&m.dirty, DubboDiscovery::Interface));
+        let (events, problems) = m.sync(DubboDiscovery::Interface, false);
+        assert!(problems.is_none(), "assembly problems kept as they were");
+        assert_eq!(
+            upserted(&events),
+            [("com.foo.other".to_string(), ids(&["10.0.0.4"]))]
+        );
+
+        // The interface holding the name goes: the other one takes the plain name.
+        m.apply(upper.clone(), Read::Gone, &mut touched);
+        assert!(!m.isolated(&m.dirty, DubboDiscovery::Interface));
+        let (events, problems) = m.sync(DubboDiscovery::Interface, false);
+        assert!(problems.is_some_and(|p| p.is_empty()), "the rename is over");
+        let removed: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match e {
+                RegistryEvent::Remove(k) => Some(k.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(removed, [hashed.as_str()]);
+        assert_eq!(
+            upserted(&events),
+            [("com.foo.api".to_string(), ids(&["10.0.0.2"]))]
+        );
+        assert_eq!(m.names.get(&ServiceKey::new("com.foo.api")), Some(&1));
+
+        // A Dubbo 3 application anywhere: dual registration is compared on every change.
+        let app = dir("/services", "app");
+        let registered = Read::Instances {
+            ids: ids(&["10.0.9.1:20880"]),
+            read: vec![("10.0.9.1:20880".to_string(), dubbo3_instance("10.0.9.1"))],
+        };
+        m.apply(app, registered, &mut touched);
+        m.sync(DubboDiscovery::Interface, false);
+        m.apply(
+            other.clone(),
+            providers(&other, &["10.0.0.5"]),
+            &mut touched,
+        );
+        assert!(!m.isolated(&m.dirty, DubboDiscovery::Interface));
+        assert!(m.isolated(&m.dirty, DubboDiscovery::Both));
     }
 
     #[test]
