@@ -433,13 +433,10 @@ impl Model {
     /// Applies what reading `dir` found; pushes the problem scopes that may have changed
     /// (the new one and, if it moved or went, the old one) to `touched`.
     fn apply(&mut self, dir: Dir, read: Read, touched: &mut Vec<String>) {
-        let mut old = self.states.remove(&dir);
-        if let Read::Unchanged = read {
-            if let Some(o) = old {
-                self.states.insert(dir, o);
-            }
+        if matches!(read, Read::Unchanged) {
             return;
         }
+        let mut old = self.states.remove(&dir);
         if let Some(o) = &old {
             self.count(o, false);
         }
@@ -449,6 +446,7 @@ impl Model {
             .map(|s| s.key.clone());
         self.dirty.entry(dir.clone()).or_insert(before);
         let mut new = match read {
+            // Returned above, before anything was taken out.
             Read::Unchanged => return,
             Read::Gone => {
                 touched.extend(old.map(|o| o.scope));
