@@ -9,11 +9,14 @@
 //!   a service all of whose endpoints are served elsewhere is hidden (and stays hidden while it
 //!   is empty, so that a provider shutting down does not make its other registration appear);
 //! * one name produced by two directories (the same service under two roots): the first in
-//!   path order wins, the other is reported;
-//! * a service whose last endpoint went keeps the ports it had, so that its host does not
-//!   change shape while it is empty (the core decides whether an empty service stays).
+//!   path order wins, the other is reported.
+//!
+//! It runs on every change, over every directory, so it borrows: a service that none of these
+//! touch is the directory's own (with the hash the directory computed once), and only the few
+//! that are renamed or trimmed are copied and hashed again.
 
 use std::borrow::Cow;
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use mcp_core::{Host, Service, ServiceKey};
@@ -25,12 +28,47 @@ use crate::naming::dubbo_hashed_name;
 /// What is served, and the problems found while assembling, per directory scope.
 #[derive(Debug, Default)]
 pub struct Assembled<'a> {
-    /// The services to serve.
-    pub services: BTreeMap<ServiceKey, Cow<'a, Service>>,
+    /// The services to serve, by key (borrowed from the directories unless renamed).
+    pub services: BTreeMap<Cow<'a, ServiceKey>, Built<'a>>,
     /// Problems per scope, in addition to the directories' own.
     pub problems: BTreeMap<String, Vec<String>>,
     /// Services hidden because another registration serves all their endpoints.
     pub hidden: BTreeSet<ServiceKey>,
+}
+
+/// One service to serve and its content hash ([`Service::content_hash`]).
+#[derive(Debug)]
+pub struct Built<'a> {
+    /// The service.
+    pub service: Cow<'a, Service>,
+    /// Its content hash: what is compared with what was sent.
+    pub hash: u64,
+}
+
+/// What was sent for one service: not the service (the directories hold the only copy), just
+/// enough to tell whether it changed and which interface held its name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    /// Content hash of the service as sent.
+    pub hash: u64,
+    /// The Dubbo interface it serves, if any: of two interfaces sharing a name, the one served
+    /// under it keeps it.
+    pub interface: Option<String>,
+}
+
+impl Served {
+    /// What to remember of `service`, sent with content hash `hash`.
+    pub fn new(service: &Service, hash: u64) -> Self {
+        Self {
+            hash,
+            interface: service.annotations.get(INTERFACE_ANNOTATION).cloned(),
+        }
+    }
+
+    /// What to remember of `built` once it is sent.
+    pub fn of(built: &Built<'_>) -> Self {
+        Self::new(&built.service, built.hash)
+    }
 }
 
 /// One directory's contribution.
@@ -38,6 +76,16 @@ struct Candidate<'a> {
     scope: &'a str,
     kind: Kind,
     service: Cow<'a, Service>,
+    /// The directory's hash of `service`, while it is not changed here.
+    hash: Option<u64>,
+}
+
+impl Candidate<'_> {
+    /// The service, to change (its directory's hash no longer applies).
+    fn service_mut(&mut self) -> &mut Service {
+        self.hash = None;
+        self.service.to_mut()
+    }
 }
 
 /// `(address, port)` pairs an endpoint is reached on.
@@ -52,52 +100,62 @@ fn endpoint_addrs(s: &Service) -> impl Iterator<Item = (usize, (&str, u32))> + '
 
 /// Assembles the directories (in path order) into what is served.
 ///
-/// `previous` is what was served before (for the ports of services that became empty) and
-/// `hidden` what was hidden before.
+/// Each directory comes with its scope, what it converted to and the content hash of its
+/// service if known; `served` is what was sent before (which interface holds a contested name)
+/// and `hidden` what was hidden before.
 pub fn assemble<'a>(
-    dirs: impl IntoIterator<Item = (&'a str, &'a Converted)>,
+    dirs: impl IntoIterator<Item = (&'a str, &'a Converted, Option<u64>)>,
     discovery: DubboDiscovery,
-    previous: &BTreeMap<ServiceKey, Service>,
+    served: &BTreeMap<ServiceKey, Served>,
     hidden: &BTreeSet<ServiceKey>,
 ) -> Assembled<'a> {
     let mut out = Assembled::default();
     let mut cands: Vec<Candidate<'a>> = dirs
         .into_iter()
-        .filter_map(|(scope, c)| {
+        .filter_map(|(scope, c, hash)| {
             c.service.as_ref().map(|s| Candidate {
                 scope,
                 kind: c.kind,
                 service: Cow::Borrowed(s),
+                hash,
             })
         })
         .collect();
 
-    rename_colliding_interfaces(&mut cands, previous, &mut out.problems);
+    rename_colliding_interfaces(&mut cands, served, &mut out.problems);
     dedupe_dual_registration(&mut cands, discovery, hidden, &mut out.hidden);
 
     for c in cands {
         if out.hidden.contains(&c.service.key) {
             continue;
         }
-        if let Some(first) = out.services.get(&c.service.key) {
-            out.problems
-                .entry(c.scope.to_string())
-                .or_default()
-                .push(format!(
-                    "{}: name {} is already used by {}; skipped",
-                    c.service.origin, c.service.key.name, first.origin
-                ));
-            continue;
-        }
-        let mut service = c.service;
-        if service.endpoints.is_empty() && service.ports.is_empty() {
-            if let Some(before) = previous.get(&service.key) {
-                if !before.ports.is_empty() {
-                    service.to_mut().ports = before.ports.clone();
-                }
+        let key = match c.service {
+            Cow::Borrowed(s) => Cow::Borrowed(&s.key),
+            Cow::Owned(ref s) => Cow::Owned(s.key.clone()),
+        };
+        match out.services.entry(key) {
+            Entry::Occupied(first) => {
+                out.problems
+                    .entry(c.scope.to_string())
+                    .or_default()
+                    .push(format!(
+                        "{}: name {} is already used by {}; skipped",
+                        c.service.origin,
+                        c.service.key.name,
+                        first.get().service.origin
+                    ));
+            }
+            Entry::Vacant(slot) => {
+                let hash = match c.hash {
+                    Some(h) => h,
+                    None => c.service.content_hash(),
+                };
+                slot.insert(Built {
+                    service: c.service,
+                    hash,
+                });
             }
         }
-        out.services.insert(service.key.clone(), service);
     }
     out
 }
@@ -105,30 +163,38 @@ pub fn assemble<'a>(
 /// Gives every Dubbo interface but one of those sharing a name its hashed name.
 fn rename_colliding_interfaces(
     cands: &mut [Candidate<'_>],
-    previous: &BTreeMap<ServiceKey, Service>,
+    served: &BTreeMap<ServiceKey, Served>,
     problems: &mut BTreeMap<String, Vec<String>>,
 ) {
-    let mut by_name: BTreeMap<String, Vec<(String, usize)>> = BTreeMap::new();
-    for (i, c) in cands.iter().enumerate() {
-        if c.kind != Kind::DubboInterface {
-            continue;
-        }
-        if let Some(iface) = c.service.annotations.get(INTERFACE_ANNOTATION) {
-            by_name
-                .entry(c.service.key.name.clone())
-                .or_default()
-                .push((iface.clone(), i));
-        }
-    }
-    for (name, mut members) in by_name {
-        members.sort();
-        members.dedup_by(|a, b| a.0 == b.0);
-        if members.len() < 2 {
-            continue;
-        }
-        let served_before = previous
+    // (name, interface, candidate), borrowed: most registries have no collision, and this runs
+    // on every change.
+    let mut named: Vec<(&str, &str, usize)> = cands
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.kind == Kind::DubboInterface)
+        .filter_map(|(i, c)| {
+            c.service
+                .annotations
+                .get(INTERFACE_ANNOTATION)
+                .map(|iface| (c.service.key.name.as_str(), iface.as_str(), i))
+        })
+        .collect();
+    named.sort_unstable();
+    // One candidate per interface: the first directory's (a second directory of the same
+    // interface is reported as a duplicate name below).
+    named.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    let groups: Vec<(String, Vec<(String, usize)>)> = named
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|run| run.len() > 1)
+        .map(|run| {
+            let members = run.iter().map(|(_, f, i)| ((*f).to_string(), *i)).collect();
+            (run[0].0.to_string(), members)
+        })
+        .collect();
+    for (name, members) in groups {
+        let served_before = served
             .get(&ServiceKey::new(name.clone()))
-            .and_then(|s| s.annotations.get(INTERFACE_ANNOTATION));
+            .and_then(|s| s.interface.as_ref());
         let keeper = members
             .iter()
             .position(|(iface, _)| Some(iface) == served_before)
@@ -156,7 +222,7 @@ fn rename_colliding_interfaces(
                 "{}: interfaces {kept} and {iface} both map to host {name}; {iface} is served as {hashed}",
                 c.service.origin
             ));
-            let s = c.service.to_mut();
+            let s = c.service_mut();
             s.key = ServiceKey::new(hashed.clone());
             s.hosts = vec![Host::Relative(hashed)];
         }
@@ -206,7 +272,7 @@ fn dedupe_dual_registration(
             hidden.insert(c.service.key.clone());
             continue;
         }
-        let s = c.service.to_mut();
+        let s = c.service_mut();
         let mut i = 0;
         s.endpoints.retain(|_| {
             let keep = !covered.contains(&i);
@@ -270,7 +336,7 @@ mod tests {
         let c = svc("com.foo.api", Kind::DubboInterface, "com.foo.api", &[]);
         let none = (BTreeMap::new(), BTreeSet::new());
         let out = assemble(
-            [("s1", &a), ("s2", &b), ("s3", &c)],
+            [("s1", &a, None), ("s2", &b, None), ("s3", &c, None)],
             DubboDiscovery::Interface,
             &none.0,
             &none.1,
@@ -293,7 +359,7 @@ mod tests {
         );
         // Without an exact spelling the first in byte order keeps it.
         let out = assemble(
-            [("s1", &a), ("s2", &b)],
+            [("s1", &a, None), ("s2", &b, None)],
             DubboDiscovery::Interface,
             &none.0,
             &none.1,
@@ -301,13 +367,16 @@ mod tests {
         assert!(out.services.contains_key(&ServiceKey::new("com.foo.api")));
         assert!(out.problems["s2"][0].contains("com.foo.API and com.foo.Api"));
         // What is served keeps its name when a newcomer arrives, whatever the spelling.
-        let served: BTreeMap<ServiceKey, Service> = [(
+        let served: BTreeMap<ServiceKey, Served> = [(
             ServiceKey::new("com.foo.api"),
-            b.service.clone().expect("service"),
+            Served {
+                hash: 0,
+                interface: Some("com.foo.Api".into()),
+            },
         )]
         .into();
         let out = assemble(
-            [("s1", &a), ("s2", &b), ("s3", &c)],
+            [("s1", &a, None), ("s2", &b, None), ("s3", &c, None)],
             DubboDiscovery::Interface,
             &served,
             &none.1,
@@ -320,14 +389,19 @@ mod tests {
             s.create_time = Some(UNIX_EPOCH + Duration::from_secs(1000));
         }
         let out = assemble(
-            [("s1", &a), ("s2", &older)],
+            [("s1", &a, None), ("s2", &older, None)],
             DubboDiscovery::Interface,
             &none.0,
             &none.1,
         );
         assert!(out.problems.contains_key("s1") && !out.problems.contains_key("s2"));
         // A lone interface keeps the plain name.
-        let out = assemble([("s2", &b)], DubboDiscovery::Interface, &none.0, &none.1);
+        let out = assemble(
+            [("s2", &b, None)],
+            DubboDiscovery::Interface,
+            &none.0,
+            &none.1,
+        );
         assert_eq!(names(&out), ["com.foo.api"]);
         assert!(out.problems.is_empty());
     }
@@ -352,14 +426,18 @@ mod tests {
             "",
             &[("10.0.0.1", 20880), ("10.0.0.9", 20880)],
         );
-        let dirs = [("i", &iface), ("a", &both), ("b", &partly)];
+        let dirs = [
+            ("i", &iface, None),
+            ("a", &both, None),
+            ("b", &partly, None),
+        ];
         let none = (BTreeMap::new(), BTreeSet::new());
         let out = assemble(dirs, DubboDiscovery::Interface, &none.0, &none.1);
         assert_eq!(names(&out), ["app2", "com.foo.api"]);
         assert_eq!(out.hidden, [ServiceKey::new("app")].into());
         let app2 = &out.services[&ServiceKey::new("app2")];
-        assert_eq!(app2.endpoints.len(), 1);
-        assert_eq!(app2.endpoints[0].address, "10.0.0.9");
+        assert_eq!(app2.service.endpoints.len(), 1);
+        assert_eq!(app2.service.endpoints[0].address, "10.0.0.9");
 
         let out = assemble(dirs, DubboDiscovery::Application, &none.0, &none.1);
         assert_eq!(names(&out), ["app", "app2"]);
@@ -373,7 +451,7 @@ mod tests {
         let iface_empty = svc("com.foo.api", Kind::DubboInterface, "com.foo.Api", &[]);
         let hidden: BTreeSet<ServiceKey> = [ServiceKey::new("app")].into();
         let out = assemble(
-            [("i", &iface_empty), ("a", &empty)],
+            [("i", &iface_empty, None), ("a", &empty, None)],
             DubboDiscovery::Interface,
             &none.0,
             &hidden,
@@ -382,24 +460,49 @@ mod tests {
     }
 
     #[test]
-    fn empty_services_keep_their_ports_and_duplicates_are_reported() {
-        let full = svc("web", Kind::Curator, "", &[("10.0.0.1", 8080)]);
-        let before: BTreeMap<ServiceKey, Service> = [(
-            ServiceKey::new("web"),
-            full.service.clone().expect("service"),
-        )]
-        .into();
-        let empty = svc("web", Kind::Curator, "", &[]);
+    fn duplicates_are_reported_and_hashes_follow_changes() {
+        let first = svc("web", Kind::Curator, "", &[("10.0.0.1", 8080)]);
         let other = svc("web", Kind::Curator, "", &[("10.0.0.2", 80)]);
+        let none = (BTreeMap::new(), BTreeSet::new());
         let out = assemble(
-            [("s1", &empty), ("s2", &other)],
+            [("s1", &first, Some(7)), ("s2", &other, None)],
             DubboDiscovery::Interface,
-            &before,
-            &BTreeSet::new(),
+            &none.0,
+            &none.1,
         );
         let web = &out.services[&ServiceKey::new("web")];
-        assert!(web.endpoints.is_empty());
-        assert_eq!(web.ports[0].number, 8080);
+        assert_eq!(web.service.endpoints[0].address, "10.0.0.1");
+        assert!(matches!(web.service, Cow::Borrowed(_)));
+        assert_eq!(
+            web.hash, 7,
+            "an untouched service keeps its directory's hash"
+        );
         assert!(out.problems["s2"][0].contains("already used"));
+
+        // A service trimmed here is hashed again: its directory's hash is not what is served.
+        let iface = svc(
+            "com.foo.api",
+            Kind::DubboInterface,
+            "com.foo.Api",
+            &[("10.0.0.1", 20880)],
+        );
+        let app = svc(
+            "app",
+            Kind::Dubbo3Application,
+            "",
+            &[("10.0.0.1", 20880), ("10.0.0.9", 20880)],
+        );
+        let out = assemble(
+            [("i", &iface, Some(1)), ("a", &app, Some(2))],
+            DubboDiscovery::Interface,
+            &none.0,
+            &none.1,
+        );
+        let trimmed = &out.services[&ServiceKey::new("app")];
+        assert_eq!(trimmed.service.endpoints.len(), 1);
+        assert_eq!(trimmed.hash, trimmed.service.content_hash());
+        assert_eq!(out.services[&ServiceKey::new("com.foo.api")].hash, 1);
+        let sent = Served::of(&out.services[&ServiceKey::new("com.foo.api")]);
+        assert_eq!(sent.interface.as_deref(), Some("com.foo.Api"));
     }
 }

@@ -460,7 +460,14 @@ fn metadata(inst: &CuratorInstance) -> BTreeMap<String, String> {
 
 /// Converts the instances of Curator/Spring/Dubbo 3 service `name` (`(id, data)` of each child
 /// of `{root}/{name}`) into at most one service.
-pub fn convert_curator(root: &str, name: &str, instances: &[(String, Vec<u8>)]) -> Converted {
+///
+/// Borrows the data: the watcher keeps each instance's data to convert the directory again
+/// when one instance changes, without reading the others again.
+pub fn convert_curator<'d>(
+    root: &str,
+    name: &str,
+    instances: impl IntoIterator<Item = (&'d str, &'d [u8])>,
+) -> Converted {
     let dir = format!("{}/{name}", root.trim_end_matches('/'));
     let mut problems = Vec::new();
     let mut insts = Vec::new();
@@ -736,14 +743,14 @@ mod tests {
         let c = convert_curator(
             "/services",
             "waiter-service",
-            &[
-                ("1".into(), spring.to_vec()),
-                ("2".into(), down.to_vec()),
-                ("3".into(), disabled.to_vec()),
-                ("4".into(), tls.to_vec()),
-                ("5".into(), host.to_vec()),
-                ("6".into(), zero.to_vec()),
-                ("7".into(), bad.to_vec()),
+            [
+                ("1", &spring[..]),
+                ("2", &down[..]),
+                ("3", &disabled[..]),
+                ("4", &tls[..]),
+                ("5", &host[..]),
+                ("6", &zero[..]),
+                ("7", &bad[..]),
             ],
         );
         assert_eq!(c.problems.len(), 3, "{:?}", c.problems);
@@ -775,10 +782,7 @@ mod tests {
         let c = convert_curator(
             "/services",
             "first-dubbo-provider",
-            &[
-                ("30.221.146.35:20880".into(), data.to_vec()),
-                ("10.0.0.9:1".into(), bad.to_vec()),
-            ],
+            [("30.221.146.35:20880", &data[..]), ("10.0.0.9:1", &bad[..])],
         );
         assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
         assert!(c.problems[0].contains("/services/first-dubbo-provider/10.0.0.9:1"));
@@ -813,7 +817,7 @@ mod tests {
             assert!(s.endpoints.is_empty() && s.ports.is_empty());
             assert_eq!(s.key.name, "a.b");
         }
-        let c = convert_curator("/services", "web", &[]);
+        let c = convert_curator("/services", "web", std::iter::empty());
         assert!(c.service.expect("kept").endpoints.is_empty());
         assert_eq!(c.kind, Kind::Curator);
     }

@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use e2e::zookeeper::{adapter_pid, provider_path, signal, Writer, ZooKeeper};
-use e2e::{endpoint_addresses, find, http_get, item_names, mcpctl_get, wait_for, Adapter};
+use e2e::{
+    addresses_of, endpoint_addresses, find, http_get, item_names, mcpctl_get, wait_for, Adapter,
+};
 
 fn adapter(zk: &ZooKeeper, extra: &[&str]) -> Adapter {
     let servers = zk.servers();
@@ -353,6 +355,127 @@ fn filters_select_services_groups_and_versions() {
         find(i, "com.example.orderservice")
             .is_some_and(|o| endpoint_addresses(o) == ["10.7.0.1", "10.7.0.6"])
     });
+}
+
+/// Bursts on one providers directory and one Curator directory, written faster than the
+/// adapter applies them (watches fire again while it reads what the last one pointed at): what
+/// is served ends as the registry ends, with no registry error, and nothing more is pushed once
+/// the registry is quiet.
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn bursts_end_as_the_registry_ends() {
+    let zk = ZooKeeper::start();
+    let mut w = Writer::start(&zk);
+    let provider = |i: usize| {
+        provider_path(
+            GREETER,
+            &dubbo_url(&format!("10.9.0.{i}"), 20880, GREETER, ""),
+        )
+    };
+    let instance = |i: usize| format!("/services/web/{i}");
+    let data = |i: usize, zone: &str| {
+        format!(
+            r#"{{"name":"web","address":"10.9.1.{i}","port":80,"payload":{{"metadata":{{"zone":"{zone}"}}}}}}"#
+        )
+    };
+    for i in 1..=3 {
+        w.create_e(&provider(i), "");
+        w.create_e(&instance(i), &data(i, "a"));
+    }
+    let a = adapter(&zk, &[]);
+    a.wait_ready();
+    let xds = format!("xds://{}", a.grpc);
+    until("the first providers and instances", &xds, |i| {
+        addresses_of(i, GREETER).is_some_and(|a| a.len() == 3)
+            && addresses_of(i, "web").is_some_and(|a| a.len() == 3)
+    });
+
+    // Providers 4..=40 join, the odd ones among them leave again, 1 flaps, 2 leaves.
+    for i in 4..=40 {
+        w.create_e(&provider(i), "");
+    }
+    for i in (5..=39).step_by(2) {
+        w.delete(&provider(i));
+    }
+    for _ in 0..10 {
+        w.delete(&provider(1));
+        w.create_e(&provider(1), "");
+    }
+    w.delete(&provider(2));
+    // Instances 4..=20 join, change zone in place, every third leaves; 1 leaves.
+    for i in 4..=20 {
+        w.create_e(&instance(i), &data(i, "a"));
+    }
+    for i in 4..=20 {
+        w.set(&instance(i), &data(i, "b"));
+    }
+    for i in (4..=20).filter(|i| i % 3 == 0) {
+        w.delete(&instance(i));
+    }
+    w.delete(&instance(1));
+
+    let sorted = |ips: Vec<String>| {
+        let mut v = ips;
+        v.sort();
+        v
+    };
+    let want_providers = sorted(
+        [1, 3]
+            .into_iter()
+            .chain((4..=40).step_by(2))
+            .map(|i| format!("10.9.0.{i}"))
+            .collect(),
+    );
+    let want_web = sorted(
+        [2, 3]
+            .into_iter()
+            .chain((4..=20).filter(|i| i % 3 != 0))
+            .map(|i| format!("10.9.1.{i}"))
+            .collect(),
+    );
+    let zones = |items: &[serde_json::Value]| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = find(items, "web")
+            .and_then(|s| s["spec"]["endpoints"].as_array())
+            .map(|eps| {
+                eps.iter()
+                    .map(|e| {
+                        (
+                            e["address"].as_str().unwrap_or("").to_string(),
+                            e["labels"]["zone"].as_str().unwrap_or("").to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let want_zones: Vec<(String, String)> = want_web
+        .iter()
+        .map(|ip| {
+            let zone = if ip == "10.9.1.2" || ip == "10.9.1.3" {
+                "a"
+            } else {
+                "b"
+            };
+            (ip.clone(), zone.to_string())
+        })
+        .collect();
+    until("the state after the bursts", &xds, |i| {
+        addresses_of(i, GREETER).as_ref() == Some(&want_providers) && zones(i) == want_zones
+    });
+    assert_eq!(
+        a.metric("mcp_adapter_registry_errors_total"),
+        0.0,
+        "registry errors during the bursts; log:\n{}",
+        a.log_tail()
+    );
+    a.assert_steady(Duration::from_secs(3));
+    // Nothing stale arrived late either.
+    let items = mcpctl_get(&xds);
+    assert_eq!(addresses_of(&items, GREETER), Some(want_providers));
+    assert_eq!(zones(&items), want_zones);
+    assert_eq!(items.len(), 2, "{items:?}");
 }
 
 /// One ensemble member whose name does not resolve (a StatefulSet pod not created yet) must not
