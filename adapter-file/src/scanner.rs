@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use crate::convert::{self, ConvertError, Format};
 use crate::read::{ReadError, Reader};
 use crate::served::{Delta, FileId, Files, Served, Touched};
-use crate::walk::{self, scope, StatFailure};
+use crate::walk::{self, scope};
 
 /// Files whose mtime is younger than this when read are read again on the next poll even if
 /// their stamp did not change: file systems with coarse mtimes can hide a second same-size write.
@@ -36,14 +36,6 @@ const RACY_WINDOW: Duration = Duration::from_secs(2);
 /// Why one file could not be used this time; reported as a problem, never fatal.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    /// The file is listed but cannot be stat'ed (a dangling symlink, `EACCES`, `EIO`).
-    #[error("file {path}: cannot stat: {message}")]
-    Stat {
-        /// The file, as configured.
-        path: String,
-        /// The OS error, and what the path is if that explains it.
-        message: String,
-    },
     /// The file could not be read: not a regular file, too large, stuck, or an I/O error.
     #[error("file {path}: {source}")]
     Read {
@@ -153,6 +145,59 @@ impl FileState {
         }
     }
 
+    /// Takes in a new read of the file: applies it, records its error, or waits for it to settle.
+    fn update(
+        &mut self,
+        path: &Path,
+        result: Result<String, ReadError>,
+        settle: Duration,
+    ) -> Refreshed {
+        let text = match result {
+            Ok(text) => text,
+            Err(source) => {
+                // Not content: nothing to settle. The last good services stay.
+                self.candidate = None;
+                let error = FileError::Read {
+                    path: scope(path),
+                    source,
+                };
+                return self.fail(path, &error);
+            }
+        };
+        let parsed = convert::parse(&scope(path), &text, Format::for_path(path));
+        let takes_away = match &parsed {
+            Ok(services) => removes_any(&self.good, services),
+            Err(_) => !self.good.is_empty(),
+        };
+        if takes_away && !settle.is_zero() {
+            let digest = digest(&text);
+            let now = Instant::now();
+            match self.candidate {
+                Some(c) if c.digest == digest && now.duration_since(c.first_read) >= settle => {
+                    debug!(file = %path.display(), "Removal settled; applying it.");
+                }
+                Some(c) if c.digest == digest => return Refreshed::Same,
+                _ => {
+                    debug!(
+                        file = %path.display(),
+                        settle_ms = settle.as_millis(),
+                        "New version would remove services; waiting for it to settle."
+                    );
+                    self.candidate = Some(Candidate {
+                        digest,
+                        first_read: now,
+                    });
+                    return Refreshed::Same;
+                }
+            }
+        }
+        self.candidate = None;
+        match parsed {
+            Ok(services) => self.apply(path, services),
+            Err(e) => self.fail(path, &FileError::Convert(e)),
+        }
+    }
+
     /// Serves `services` from now on.
     fn apply(&mut self, path: &Path, services: Vec<Service>) -> Refreshed {
         let fixed = self.error.take().is_some();
@@ -247,6 +292,8 @@ pub struct Scanner {
     settle: Duration,
     /// Files found in the last scan, in precedence order (configured order, then sorted).
     order: Vec<PathBuf>,
+    /// The ids of the files in `order`, by position (`None` for one with no state yet).
+    order_ids: Vec<Option<FileId>>,
     /// The state of the listed files (those in `order` that could be looked at), by id.
     ids: HashMap<PathBuf, FileId>,
     slots: Slots,
@@ -275,6 +322,7 @@ impl Scanner {
             reader,
             settle,
             order: Vec::new(),
+            order_ids: Vec::new(),
             ids: HashMap::new(),
             slots: Slots::default(),
             free: Vec::new(),
@@ -290,17 +338,31 @@ impl Scanner {
         let mut problems = listing.problems != self.path_problems;
         let mut touched = Vec::new();
         let mut released = Vec::new();
-        if listing.files != self.order {
-            let seen: HashSet<&PathBuf> = listing.files.iter().collect();
+        let same = listing.files.len() == self.order.len()
+            && listing
+                .files
+                .iter()
+                .zip(&self.order)
+                .all(|(f, p)| f.path == *p);
+        // The ids by position: looked up by path (hashing every path) only if the list changed.
+        let mut ids = if same {
+            std::mem::take(&mut self.order_ids)
+        } else {
+            let seen: HashSet<&Path> = listing.files.iter().map(|f| f.path.as_path()).collect();
             self.ids.retain(|path, &mut id| {
-                let keep = seen.contains(path);
+                let keep = seen.contains(path.as_path());
                 if !keep {
                     info!(file = %path.display(), "File removed; dropping its services.");
                     released.push(id);
                 }
                 keep
             });
-        }
+            listing
+                .files
+                .iter()
+                .map(|f| self.ids.get(&f.path).copied())
+                .collect()
+        };
         for &id in &released {
             let entry = self.slots.0.get_mut(id).and_then(Option::take);
             if let Some(entry) = entry {
@@ -316,28 +378,31 @@ impl Scanner {
         // may change and the set is derived again.
         let mut reordered = false;
         let mut last_rank = None;
-        for (rank, path) in listing.files.iter().enumerate() {
-            if let Some(entry) = self.ids.get(path).and_then(|&id| self.slots.get_mut(id)) {
+        for (rank, (listed, id)) in listing.files.iter().zip(ids.iter_mut()).enumerate() {
+            if let Some(entry) = id.and_then(|id| self.slots.get_mut(id)) {
                 reordered |= last_rank.is_some_and(|last| entry.rank < last);
                 last_rank = Some(entry.rank);
                 entry.rank = rank;
             }
-            // Below a path that cannot be listed: keep the file as it was, do not touch it.
-            if listing.held.contains(path) {
+            // Held below a path that cannot be listed: keep the file as it was, do not touch it.
+            let Some(meta) = &listed.meta else {
                 continue;
-            }
-            match self.refresh(path, rank) {
+            };
+            let (file, refreshed) = self.refresh(&listed.path, meta, rank, *id);
+            *id = file;
+            match refreshed {
                 Refreshed::Same => {}
                 Refreshed::Error => problems = true,
                 Refreshed::Services { old, fixed } => {
                     problems |= fixed;
-                    if let Some(&file) = self.ids.get(path) {
+                    if let Some(file) = file {
                         touched.push(Touched { file, old });
                     }
                 }
             }
         }
-        self.order = listing.files;
+        self.order = listing.files.into_iter().map(|f| f.path).collect();
+        self.order_ids = ids;
         self.path_problems = listing.problems;
 
         let changes = match &mut self.served {
@@ -372,10 +437,7 @@ impl Scanner {
 
     /// The ids of the listed files, in precedence order.
     fn order_ids(&self) -> Vec<FileId> {
-        self.order
-            .iter()
-            .filter_map(|p| self.ids.get(p).copied())
-            .collect()
+        self.order_ids.iter().flatten().copied().collect()
     }
 
     /// Recomputes the duplicate-key problems of `files`. Whether any changed.
@@ -396,16 +458,14 @@ impl Scanner {
         changed
     }
 
-    /// The state of `path`, created (with no services) if it is new.
-    fn state(&mut self, path: &Path, rank: usize) -> &mut FileState {
-        let id = match self.ids.get(path) {
-            Some(&id) => id,
-            None => {
-                let id = self.free.pop().unwrap_or(self.slots.0.len());
-                self.ids.insert(path.to_path_buf(), id);
-                id
-            }
-        };
+    /// The id and state of `path` (whose id is `id` if it has one), created with no services
+    /// if it is new.
+    fn state(&mut self, path: &Path, rank: usize, id: Option<FileId>) -> (FileId, &mut FileState) {
+        let id = id.unwrap_or_else(|| {
+            let id = self.free.pop().unwrap_or(self.slots.0.len());
+            self.ids.insert(path.to_path_buf(), id);
+            id
+        });
         if self.slots.0.len() <= id {
             self.slots.0.resize_with(id + 1, || None);
         }
@@ -413,91 +473,36 @@ impl Scanner {
             rank,
             state: FileState::default(),
         });
-        &mut entry.state
+        (id, &mut entry.state)
     }
 
-    /// Re-reads one file (at `rank` in precedence order) if it may have changed.
-    fn refresh(&mut self, path: &Path, rank: usize) -> Refreshed {
-        let meta = match fs::metadata(path) {
-            Ok(meta) => meta,
-            Err(e) => {
-                return match walk::classify(path, &e) {
-                    // Vanished between listing and stat: gone for real on the next scan.
-                    StatFailure::Gone => Refreshed::Same,
-                    StatFailure::Broken(message) => {
-                        let error = FileError::Stat {
-                            path: scope(path),
-                            message,
-                        };
-                        let state = self.state(path, rank);
-                        state.stamp = None;
-                        state.fail(path, &error)
-                    }
-                };
-            }
-        };
-        let stamp = Stamp::of(&meta);
-        let known = self.ids.get(path).and_then(|&id| self.slots.get(id));
-        if let Some(Entry { state, .. }) = known {
+    /// Re-reads one file (at `rank` in precedence order, with the metadata the listing found
+    /// and its id if it has one) if it may have changed. Returns its id if it has one now.
+    fn refresh(
+        &mut self,
+        path: &Path,
+        meta: &fs::Metadata,
+        rank: usize,
+        id: Option<FileId>,
+    ) -> (Option<FileId>, Refreshed) {
+        let stamp = Stamp::of(meta);
+        if let Some(Entry { state, .. }) = id.and_then(|id| self.slots.get(id)) {
             let unchanged = state.stamp == Some(stamp) && !state.racy;
             if unchanged && state.candidate.is_none() && !self.reader.is_stuck(path) {
-                return Refreshed::Same;
+                return (id, Refreshed::Same);
             }
         }
         let read_at = SystemTime::now();
-        let result = self.reader.read(path, &meta);
+        let result = self.reader.read(path, meta);
         let settle = self.settle;
-        let state = self.state(path, rank);
+        let (file, state) = self.state(path, rank, id);
         state.stamp = Some(stamp);
         state.racy = stamp.mtime.is_none_or(|mtime| {
             read_at
                 .duration_since(mtime)
                 .map_or(true, |age| age < RACY_WINDOW)
         });
-        let text = match result {
-            Ok(text) => text,
-            Err(source) => {
-                // Not content: nothing to settle. The last good services stay.
-                state.candidate = None;
-                let error = FileError::Read {
-                    path: scope(path),
-                    source,
-                };
-                return state.fail(path, &error);
-            }
-        };
-        let parsed = convert::parse(&scope(path), &text, Format::for_path(path));
-        let takes_away = match &parsed {
-            Ok(services) => removes_any(&state.good, services),
-            Err(_) => !state.good.is_empty(),
-        };
-        if takes_away && !settle.is_zero() {
-            let digest = digest(&text);
-            let now = Instant::now();
-            match state.candidate {
-                Some(c) if c.digest == digest && now.duration_since(c.first_read) >= settle => {
-                    debug!(file = %path.display(), "Removal settled; applying it.");
-                }
-                Some(c) if c.digest == digest => return Refreshed::Same,
-                _ => {
-                    debug!(
-                        file = %path.display(),
-                        settle_ms = settle.as_millis(),
-                        "New version would remove services; waiting for it to settle."
-                    );
-                    state.candidate = Some(Candidate {
-                        digest,
-                        first_read: now,
-                    });
-                    return Refreshed::Same;
-                }
-            }
-        }
-        state.candidate = None;
-        match parsed {
-            Ok(services) => state.apply(path, services),
-            Err(e) => state.fail(path, &FileError::Convert(e)),
-        }
+        (Some(file), state.update(path, result, settle))
     }
 
     /// The services to serve (the first definition of each key), in precedence order.
@@ -511,9 +516,8 @@ impl Scanner {
     /// last good services stay) and services shadowed by another definition of their key.
     pub fn problems(&self) -> BTreeMap<String, Vec<String>> {
         let mut problems = self.path_problems.clone();
-        for path in &self.order {
-            let Some(Entry { state, .. }) = self.ids.get(path).and_then(|&id| self.slots.get(id))
-            else {
+        for (path, id) in self.order.iter().zip(&self.order_ids) {
+            let Some(Entry { state, .. }) = id.and_then(|id| self.slots.get(id)) else {
                 continue;
             };
             if state.error.is_none() && state.duplicates.is_empty() {
