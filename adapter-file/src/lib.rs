@@ -3,7 +3,8 @@
 //!
 //! [`convert`] turns one file's text into services; [`walk`] lists the configured paths,
 //! [`read`] reads one file without letting it stall the watcher, [`scanner`] keeps what every
-//! file serves between polls, and [`registry`] runs it and implements [`mcp_core::Registry`];
+//! file serves between polls, [`served`] picks the definition served for each key and works out
+//! what a change to some files changes, and [`registry`] runs it and implements [`mcp_core::Registry`];
 //! [`config`] holds the flags. Validation beyond shape is left to the core.
 
 pub mod config;
@@ -11,6 +12,7 @@ pub mod convert;
 pub mod read;
 pub mod registry;
 pub mod scanner;
+pub mod served;
 pub mod walk;
 
 pub use config::{ConfigError, FileConfig};

@@ -78,7 +78,8 @@ impl Reader {
 
     /// Whether a read of `path` timed out and has not finished (as of the last [`Reader::read`]).
     pub fn is_stuck(&self, path: &Path) -> bool {
-        self.stuck.contains_key(path)
+        // Checked for every file every poll: no hashing of the path when nothing is stuck.
+        !self.stuck.is_empty() && self.stuck.contains_key(path)
     }
 
     /// Reads `path`, which `meta` (from following symlinks) describes. Refuses what is not a

@@ -1,24 +1,23 @@
-//! The watcher: runs the [`Scanner`] every poll interval and turns what it finds into `Reset`
-//! and `Problems` events.
+//! The watcher: runs the [`Scanner`] every poll interval and turns what it finds into events.
 //!
 //! Polling (stat every path each interval) is used instead of inotify because it behaves the same
 //! on Kubernetes ConfigMap mounts (whose files change by a symlink swap), network file systems and
 //! every OS, and costs one `stat` per file per interval.
 //!
-//! Each scan that changed anything produces the complete set of services as one `Reset`; the core
-//! diffs it against what it serves, so the watcher does not need to compute upserts/removals.
+//! The first scan sends the complete set as one `Reset`; later scans send `Upsert`s and `Remove`s
+//! for what the changed files changed (a `Reset` again only if the set had to be derived from
+//! scratch), so an edit of one file costs the core that file's services, not the whole set.
 //! Files are atomic: a file with any bad document keeps serving its last good services and is
 //! reported under its path in a `Problems` event until it is fixed or deleted.
 
 use futures::stream::BoxStream;
-use mcp_core::model::Service;
 use mcp_core::problems::ProblemLedger;
 use mcp_core::registry::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent};
 use mcp_core::vip::VipCidr;
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, FileConfig};
-use crate::scanner::{Limits, Scanner};
+use crate::scanner::{Changes, Limits, Scanner};
 
 /// Scope of the problem reported while a whole scan is blocked (in `stat` or a directory
 /// listing, which cannot be given a timeout the way file reads are).
@@ -53,17 +52,6 @@ impl Registry for FileRegistry {
     }
 }
 
-/// Identifies a full set: equal sets (content and origins, in order) have equal fingerprints.
-fn fingerprint(services: &[Service]) -> u64 {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for s in services {
-        h.update(&s.content_hash().to_le_bytes());
-        h.update(s.origin.as_bytes());
-        h.update(&[0]);
-    }
-    h.digest()
-}
-
 /// Scans, sends what changed, sleeps; forever (until the core drops the stream).
 async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryError> {
     let limits = Limits {
@@ -73,19 +61,18 @@ async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryE
     };
     // Reads time out on their own; this only catches a scan blocked in stat or readdir.
     let scan_patience = config.read_timeout.saturating_mul(2);
+    // The scanner's per-file services are the adapter's one copy of the registry (the core keeps
+    // only encoded resources); what was sent is what the scanner held after the last scan.
     let mut scanner = Scanner::new(config.paths, limits);
-    // A fingerprint of the set last sent, not a copy: the scanner's per-file services are the
-    // adapter's one copy of the registry (the core keeps only encoded resources).
-    let mut sent_services: Option<u64> = None;
     let mut sent_problems = ProblemLedger::new();
     loop {
         // File I/O blocks; keep it off the async worker threads.
         let mut task = tokio::task::spawn_blocking(move || {
-            let dirty = scanner.scan();
-            (scanner, dirty)
+            let scan = scanner.scan();
+            (scanner, scan)
         });
         let mut blocked = false;
-        let (returned, dirty) = loop {
+        let (returned, scan) = loop {
             match tokio::time::timeout(scan_patience, &mut task).await {
                 Ok(joined) => {
                     break joined.map_err(|e| {
@@ -112,15 +99,30 @@ async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryE
         };
         scanner = returned;
 
-        if dirty || blocked || sent_services.is_none() {
-            let (services, problems) = scanner.snapshot();
-            let print = fingerprint(&services);
-            if sent_services != Some(print) {
+        match scan.changes {
+            Changes::None => {}
+            Changes::All => {
+                let services = scanner.served();
                 debug!(services = services.len(), "Sending full set.");
                 tx.send(RegistryEvent::Reset(services)).await?;
-                sent_services = Some(print);
             }
-            for event in sent_problems.replace_all(problems) {
+            Changes::Some { upserts, removes } => {
+                debug!(
+                    upserts = upserts.len(),
+                    removes = removes.len(),
+                    "Sending changes."
+                );
+                for service in upserts {
+                    tx.send(RegistryEvent::Upsert(service)).await?;
+                }
+                for key in removes {
+                    tx.send(RegistryEvent::Remove(key)).await?;
+                }
+            }
+        }
+        // A blocked scan reported a problem of its own, which this replaces.
+        if scan.problems || blocked {
+            for event in sent_problems.replace_all(scanner.problems()) {
                 if let RegistryEvent::Problems { scope, problems } = &event {
                     if problems.is_empty() {
                         info!(scope = %scope, "Problems cleared.");
@@ -141,12 +143,12 @@ mod tests {
     use std::time::Duration;
 
     use futures::StreamExt;
-    use mcp_core::model::Host;
-
-    use crate::walk::scope;
+    use mcp_core::model::{Host, Service};
 
     const POLL: Duration = Duration::from_millis(50);
     const WAIT: Duration = Duration::from_secs(10);
+    /// Long enough for several polls: nothing arriving in it means nothing was sent.
+    const QUIET: Duration = Duration::from_millis(400);
 
     type Events = BoxStream<'static, Result<RegistryEvent, RegistryError>>;
 
@@ -179,56 +181,71 @@ mod tests {
         .watch()
     }
 
-    /// Next event matching `want`, skipping others; panics after [`WAIT`].
-    async fn next_matching(
-        events: &mut Events,
-        what: &str,
-        want: impl Fn(&RegistryEvent) -> bool,
-    ) -> RegistryEvent {
-        let found = tokio::time::timeout(WAIT, async {
-            while let Some(event) = events.next().await {
-                let event = event.expect("no watch error");
-                if want(&event) {
-                    return Some(event);
-                }
+    /// One service as the tests compare it: key, first host, first port.
+    fn brief(s: &Service) -> String {
+        let host = match s.hosts.first() {
+            Some(Host::Absolute(h) | Host::Relative(h)) => h.as_str(),
+            None => "-",
+        };
+        let port = s.ports.first().map_or(0, |p| p.number);
+        format!("{} {host}:{port}", s.key)
+    }
+
+    /// An event as the tests compare it; problems are named by file name and counted.
+    fn describe(event: &RegistryEvent) -> String {
+        match event {
+            RegistryEvent::Reset(services) => {
+                let all: Vec<String> = services.iter().map(brief).collect();
+                format!("Reset [{}]", all.join(", "))
             }
-            None
-        })
-        .await;
-        match found {
-            Ok(Some(event)) => event,
-            Ok(None) => panic!("stream ended waiting for {what}"),
-            Err(_) => panic!("timed out waiting for {what}"),
+            RegistryEvent::Upsert(s) => format!("Upsert {}", brief(s)),
+            RegistryEvent::Remove(key) => format!("Remove {key}"),
+            RegistryEvent::Problems { scope, problems } => {
+                let file = Path::new(scope)
+                    .file_name()
+                    .map_or_else(|| scope.clone(), |f| f.to_string_lossy().into_owned());
+                format!("Problems {file} {}", problems.len())
+            }
         }
     }
 
-    async fn next_reset(events: &mut Events) -> Vec<Service> {
-        match next_matching(events, "Reset", |e| matches!(e, RegistryEvent::Reset(_))).await {
-            RegistryEvent::Reset(services) => services,
-            _ => unreachable!(),
+    async fn next_event(events: &mut Events) -> RegistryEvent {
+        match tokio::time::timeout(WAIT, events.next()).await {
+            Ok(Some(Ok(event))) => event,
+            Ok(Some(Err(e))) => panic!("watch error: {e}"),
+            Ok(None) => panic!("stream ended"),
+            Err(_) => panic!("timed out waiting for an event"),
         }
     }
 
-    async fn next_problems(events: &mut Events, for_scope: &Path) -> Vec<String> {
-        let want = scope(for_scope);
-        let event = next_matching(
-            events,
-            "Problems",
-            |e| matches!(e, RegistryEvent::Problems { scope, .. } if *scope == want),
-        )
-        .await;
+    /// The next `want.len()` events are exactly `want`, and nothing follows them.
+    async fn expect(events: &mut Events, want: &[&str]) -> Vec<RegistryEvent> {
+        let mut got = Vec::new();
+        for _ in want {
+            got.push(next_event(events).await);
+        }
+        let described: Vec<String> = got.iter().map(describe).collect();
+        assert_eq!(described, want);
+        quiet(events).await;
+        got
+    }
+
+    /// Nothing is sent for several polls.
+    async fn quiet(events: &mut Events) {
+        if let Ok(Some(event)) = tokio::time::timeout(QUIET, events.next()).await {
+            panic!("unexpected event: {event:?}");
+        }
+    }
+
+    fn problems_of(event: &RegistryEvent) -> &[String] {
         match event {
             RegistryEvent::Problems { problems, .. } => problems,
-            _ => unreachable!(),
+            other => panic!("not a Problems event: {other:?}"),
         }
-    }
-
-    fn names(services: &[Service]) -> Vec<String> {
-        services.iter().map(|s| s.key.to_string()).collect()
     }
 
     #[tokio::test]
-    async fn initial_reset_then_edits() {
+    async fn first_reset_then_only_what_changed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let a = dir.path().join("a.yaml");
         let b = dir.path().join("b.yml");
@@ -237,19 +254,14 @@ mod tests {
         let mut events = watch(vec![a.clone(), b.clone()]);
 
         // The very first event is the full set.
-        let first = events
-            .next()
-            .await
-            .expect("an event")
-            .expect("not an error");
-        let RegistryEvent::Reset(services) = first else {
-            panic!("first event must be a Reset, got {first:?}");
+        let first = expect(
+            &mut events,
+            &["Reset [web web.example.com:80, pay pay:80, cart cart:80]"],
+        )
+        .await;
+        let RegistryEvent::Reset(services) = &first[0] else {
+            unreachable!()
         };
-        assert_eq!(names(&services), vec!["web", "pay", "cart"]);
-        assert_eq!(
-            services[0].hosts,
-            vec![Host::Absolute("web.example.com".into())]
-        );
         assert!(
             services[0]
                 .origin
@@ -258,10 +270,33 @@ mod tests {
             services[0].origin
         );
 
+        // An edit sends the changed service only.
         write(&a, &se("web", "web.example.com", 8080));
-        let services = next_reset(&mut events).await;
-        assert_eq!(names(&services), vec!["web", "pay", "cart"]);
-        assert_eq!(services[0].ports[0].number, 8080);
+        expect(&mut events, &["Upsert web web.example.com:8080"]).await;
+
+        // One service added and one changed in a file of several: those two, in file order.
+        write(
+            &b,
+            "kind: Inventory\nservices:\n  - name: pay\n    ports: {http: 80}\n  - name: cart\n    \
+             ports: {http: 81}\n  - name: shop\n    ports: {http: 80}\n",
+        );
+        expect(&mut events, &["Upsert cart cart:81", "Upsert shop shop:80"]).await;
+
+        // A service taken out of a file is removed (after the settle time); a deleted file's
+        // services at once.
+        write(&b, &inventory(&["pay", "cart"]));
+        expect(&mut events, &["Upsert cart cart:80", "Remove shop"]).await;
+        fs::remove_file(&b).expect("rm");
+        let gone = expect(
+            &mut events,
+            &["Remove pay", "Remove cart", "Problems b.yml 1"],
+        )
+        .await;
+        assert!(problems_of(&gone[2])[0].contains("does not exist"));
+
+        // The same content written again (new mtime): nothing is sent.
+        write(&a, &se("web", "web.example.com", 8080));
+        quiet(&mut events).await;
     }
 
     #[tokio::test]
@@ -272,9 +307,9 @@ mod tests {
         write(&a, &se("web", "web.example.com", 80));
         write(&b, &inventory(&["pay"]));
         let mut events = watch(vec![a.clone(), b.clone()]);
-        assert_eq!(names(&next_reset(&mut events).await), vec!["web", "pay"]);
+        expect(&mut events, &["Reset [web web.example.com:80, pay pay:80]"]).await;
 
-        // Break a: second document has a bad port number.
+        // Break a: second document has a bad port number. Its services stay as they were.
         write(
             &a,
             &format!(
@@ -283,21 +318,23 @@ mod tests {
                 se("api", "api.example.com", 80).replace("number: 80", "number: eighty")
             ),
         );
-        let problems = next_problems(&mut events, &a).await;
-        assert_eq!(problems.len(), 1, "{problems:?}");
+        let got = expect(&mut events, &["Problems a.yaml 1"]).await;
+        let problems = problems_of(&got[0]);
         assert!(problems[0].contains("document 2"), "{problems:?}");
         assert!(problems[0].contains("spec.ports[0].number"), "{problems:?}");
 
-        // Another file changes: the Reset still has a's last good version (port 80, no api).
+        // Another file changes: only its change is sent; a's last good version stays served.
         write(&b, &inventory(&["pay", "cart"]));
-        let services = next_reset(&mut events).await;
-        assert_eq!(names(&services), vec!["web", "pay", "cart"]);
-        assert_eq!(services[0].ports[0].number, 80);
+        expect(&mut events, &["Upsert cart cart:80"]).await;
 
-        // Fix a: problems cleared and the new version served.
+        // Fix a: the new version is served and the problem cleared.
         write(&a, &se("web", "web.example.com", 8443));
-        let problems = next_problems(&mut events, &a).await;
-        assert!(problems.is_empty(), "{problems:?}");
+        let got = expect(
+            &mut events,
+            &["Upsert web web.example.com:8443", "Problems a.yaml 0"],
+        )
+        .await;
+        assert!(problems_of(&got[1]).is_empty());
     }
 
     #[tokio::test]
@@ -307,13 +344,15 @@ mod tests {
         write(&a, "kind: [broken\n");
         let mut events = watch(vec![a.clone()]);
         // Never parsed: nothing served, problem reported.
-        assert!(next_reset(&mut events).await.is_empty());
-        let problems = next_problems(&mut events, &a).await;
-        assert!(problems[0].contains("YAML syntax error"), "{problems:?}");
+        let got = expect(&mut events, &["Reset []", "Problems a.yaml 1"]).await;
+        assert!(problems_of(&got[1])[0].contains("YAML syntax error"));
 
         write(&a, &se("web", "web.example.com", 80));
-        assert_eq!(names(&next_reset(&mut events).await), vec!["web"]);
-        assert!(next_problems(&mut events, &a).await.is_empty());
+        expect(
+            &mut events,
+            &["Upsert web web.example.com:80", "Problems a.yaml 0"],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -329,21 +368,18 @@ mod tests {
             &se("hidden", "h.example.com", 80),
         );
         let mut events = watch(vec![root.clone()]);
-        assert_eq!(names(&next_reset(&mut events).await), vec!["web"]);
+        expect(&mut events, &["Reset [web web.example.com:80]"]).await;
 
-        // A new file in a subdirectory is picked up (after a.yaml: sorted paths).
+        // A new file in a subdirectory is picked up.
         write(
             &root.join("sub/new.json"),
             r#"{"kind": "Inventory", "namespace": "shop", "services": [{"name": "pay"}]}"#,
         );
-        assert_eq!(
-            names(&next_reset(&mut events).await),
-            vec!["web", "shop/pay"]
-        );
+        expect(&mut events, &["Upsert shop/pay pay:0"]).await;
 
         // Deleting a file removes its services, without problems.
         fs::remove_file(root.join("a.yaml")).expect("rm");
-        assert_eq!(names(&next_reset(&mut events).await), vec!["shop/pay"]);
+        expect(&mut events, &["Remove web"]).await;
     }
 
     #[tokio::test]
@@ -351,13 +387,15 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let a = dir.path().join("later.yaml");
         let mut events = watch(vec![a.clone()]);
-        assert!(next_reset(&mut events).await.is_empty());
-        let problems = next_problems(&mut events, &a).await;
-        assert!(problems[0].contains("does not exist"), "{problems:?}");
+        let got = expect(&mut events, &["Reset []", "Problems later.yaml 1"]).await;
+        assert!(problems_of(&got[1])[0].contains("does not exist"));
 
         write(&a, &se("web", "web.example.com", 80));
-        assert_eq!(names(&next_reset(&mut events).await), vec!["web"]);
-        assert!(next_problems(&mut events, &a).await.is_empty());
+        expect(
+            &mut events,
+            &["Upsert web web.example.com:80", "Problems later.yaml 0"],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -376,14 +414,15 @@ mod tests {
         );
         // b is listed first: it wins for `web`.
         let mut events = watch(vec![b.clone(), a.clone()]);
-        let services = next_reset(&mut events).await;
-        assert_eq!(names(&services), vec!["other", "web"]);
-        assert_eq!(
-            services[1].hosts,
-            vec![Host::Absolute("b.example.com".into())]
-        );
-        let problems = next_problems(&mut events, &a).await;
-        assert_eq!(problems.len(), 1, "{problems:?}");
+        let got = expect(
+            &mut events,
+            &[
+                "Reset [other o.example.com:80, web b.example.com:80]",
+                "Problems a.yaml 1",
+            ],
+        )
+        .await;
+        let problems = problems_of(&got[1]);
         assert!(
             problems[0].contains("a.yaml, document 1 (ServiceEntry web): ignored"),
             "{problems:?}"
@@ -393,13 +432,84 @@ mod tests {
             "{problems:?}"
         );
 
+        // Editing the shadowed definition changes nothing that is served or reported.
+        write(&a, &se("web", "a2.example.com", 80));
+        quiet(&mut events).await;
+
+        // The winner's definition changes: served, and the problem names its new origin.
+        write(
+            &b,
+            &format!(
+                "{}---\n{}---\n{}",
+                se("other", "o.example.com", 80),
+                se("more", "m.example.com", 80),
+                se("web", "b.example.com", 81)
+            ),
+        );
+        let got = expect(
+            &mut events,
+            &[
+                "Upsert more m.example.com:80",
+                "Upsert web b.example.com:81",
+                "Problems a.yaml 1",
+            ],
+        )
+        .await;
+        assert!(problems_of(&got[2])[0].contains("b.yaml, document 3"));
+
         // Removing the winner lets the other definition through and clears the problem.
         fs::remove_file(&b).expect("rm");
-        let services = next_reset(&mut events).await;
-        assert_eq!(
-            services[0].hosts,
-            vec![Host::Absolute("a.example.com".into())]
+        let got = expect(
+            &mut events,
+            &[
+                "Upsert web a2.example.com:80",
+                "Remove other",
+                "Remove more",
+                "Problems a.yaml 0",
+                "Problems b.yaml 1",
+            ],
+        )
+        .await;
+        assert!(problems_of(&got[4])[0].contains("does not exist"));
+
+        // It comes back: it wins again, and the other definition is shadowed again.
+        write(&b, &se("web", "b.example.com", 82));
+        expect(
+            &mut events,
+            &[
+                "Upsert web b.example.com:82",
+                "Problems b.yaml 0",
+                "Problems a.yaml 1",
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn duplicate_key_within_one_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        write(
+            &a,
+            &format!(
+                "{}---\n{}",
+                se("web", "one.example.com", 80),
+                se("web", "two.example.com", 80)
+            ),
         );
-        assert!(next_problems(&mut events, &a).await.is_empty());
+        let mut events = watch(vec![a.clone()]);
+        expect(
+            &mut events,
+            &["Reset [web one.example.com:80]", "Problems a.yaml 1"],
+        )
+        .await;
+
+        // The first definition goes: the second is served.
+        write(&a, &se("web", "two.example.com", 80));
+        expect(
+            &mut events,
+            &["Upsert web two.example.com:80", "Problems a.yaml 0"],
+        )
+        .await;
     }
 }

@@ -10,6 +10,10 @@
 //! longer parses is applied only once the same content has been read again `settle` later:
 //! editors and `kubectl cp` truncate a file before they write it, and for one poll it would
 //! otherwise look as if its services were deleted.
+//!
+//! A scan reports what it changed in the served set ([`Changes`]), computed from the files that
+//! changed only ([`crate::served`]): at a million endpoints, re-deriving the whole set after
+//! every edit of one file cost about a second in the core.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
@@ -22,7 +26,8 @@ use tracing::{debug, info, warn};
 
 use crate::convert::{self, ConvertError, Format};
 use crate::read::{ReadError, Reader};
-use crate::walk::{self, scope, StatFailure};
+use crate::served::{Delta, FileId, Files, Served, Touched};
+use crate::walk::{self, scope};
 
 /// Files whose mtime is younger than this when read are read again on the next poll even if
 /// their stamp did not change: file systems with coarse mtimes can hide a second same-size write.
@@ -31,14 +36,6 @@ const RACY_WINDOW: Duration = Duration::from_secs(2);
 /// Why one file could not be used this time; reported as a problem, never fatal.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    /// The file is listed but cannot be stat'ed (a dangling symlink, `EACCES`, `EIO`).
-    #[error("file {path}: cannot stat: {message}")]
-    Stat {
-        /// The file, as configured.
-        path: String,
-        /// The OS error, and what the path is if that explains it.
-        message: String,
-    },
     /// The file could not be read: not a regular file, too large, stuck, or an I/O error.
     #[error("file {path}: {source}")]
     Read {
@@ -107,11 +104,29 @@ struct FileState {
     error: Option<String>,
     /// A version waiting to settle (read again every poll until it is applied or replaced).
     candidate: Option<Candidate>,
+    /// Its services that another definition of the same key shadows, as problem lines.
+    duplicates: Vec<String>,
+}
+
+/// What [`Scanner::refresh`] did to one file.
+#[derive(Debug)]
+enum Refreshed {
+    /// Nothing that is served or reported.
+    Same,
+    /// Only its error (a problem) changed.
+    Error,
+    /// Its services changed (and maybe its error was cleared).
+    Services {
+        /// The services it had.
+        old: Vec<Service>,
+        /// Whether it had an error, now gone.
+        fixed: bool,
+    },
 }
 
 impl FileState {
-    /// Records an error for this file (its last good services stay). Whether it is new.
-    fn fail(&mut self, path: &Path, error: &FileError) -> bool {
+    /// Records an error for this file (its last good services stay).
+    fn fail(&mut self, path: &Path, error: &FileError) -> Refreshed {
         let message = error.to_string();
         let changed = self.error.as_deref() != Some(message.as_str());
         if changed {
@@ -123,22 +138,150 @@ impl FileState {
             );
         }
         self.error = Some(message);
-        changed
+        if changed {
+            Refreshed::Error
+        } else {
+            Refreshed::Same
+        }
     }
 
-    /// Serves `services` from now on. Whether anything changed.
-    fn apply(&mut self, path: &Path, services: Vec<Service>) -> bool {
-        if self.error.is_some() {
+    /// Takes in a new read of the file: applies it, records its error, or waits for it to settle.
+    fn update(
+        &mut self,
+        path: &Path,
+        result: Result<String, ReadError>,
+        settle: Duration,
+    ) -> Refreshed {
+        let text = match result {
+            Ok(text) => text,
+            Err(source) => {
+                // Not content: nothing to settle. The last good services stay.
+                self.candidate = None;
+                let error = FileError::Read {
+                    path: scope(path),
+                    source,
+                };
+                return self.fail(path, &error);
+            }
+        };
+        let parsed = convert::parse(&scope(path), &text, Format::for_path(path));
+        let takes_away = match &parsed {
+            Ok(services) => removes_any(&self.good, services),
+            Err(_) => !self.good.is_empty(),
+        };
+        if takes_away && !settle.is_zero() {
+            let digest = digest(&text);
+            let now = Instant::now();
+            match self.candidate {
+                Some(c) if c.digest == digest && now.duration_since(c.first_read) >= settle => {
+                    debug!(file = %path.display(), "Removal settled; applying it.");
+                }
+                Some(c) if c.digest == digest => return Refreshed::Same,
+                _ => {
+                    debug!(
+                        file = %path.display(),
+                        settle_ms = settle.as_millis(),
+                        "New version would remove services; waiting for it to settle."
+                    );
+                    self.candidate = Some(Candidate {
+                        digest,
+                        first_read: now,
+                    });
+                    return Refreshed::Same;
+                }
+            }
+        }
+        self.candidate = None;
+        match parsed {
+            Ok(services) => self.apply(path, services),
+            Err(e) => self.fail(path, &FileError::Convert(e)),
+        }
+    }
+
+    /// Serves `services` from now on.
+    fn apply(&mut self, path: &Path, services: Vec<Service>) -> Refreshed {
+        let fixed = self.error.take().is_some();
+        if fixed {
             info!(file = %path.display(), services = services.len(), "File is good again.");
         }
-        let changed = self.error.is_some() || self.good != services;
-        if changed {
-            debug!(file = %path.display(), services = services.len(), "File read.");
+        if self.good == services {
+            return if fixed {
+                Refreshed::Error
+            } else {
+                Refreshed::Same
+            };
         }
-        self.good = services;
-        self.error = None;
-        changed
+        debug!(file = %path.display(), services = services.len(), "File read.");
+        Refreshed::Services {
+            old: std::mem::replace(&mut self.good, services),
+            fixed,
+        }
     }
+}
+
+/// One listed file.
+#[derive(Debug)]
+struct Entry {
+    /// Position in precedence order.
+    rank: usize,
+    state: FileState,
+}
+
+/// The listed files by [`FileId`]; ids of files that went are reused.
+#[derive(Debug, Default)]
+struct Slots(Vec<Option<Entry>>);
+
+impl Slots {
+    fn get(&self, id: FileId) -> Option<&Entry> {
+        self.0.get(id).and_then(Option::as_ref)
+    }
+
+    fn get_mut(&mut self, id: FileId) -> Option<&mut Entry> {
+        self.0.get_mut(id).and_then(Option::as_mut)
+    }
+}
+
+impl Files for Slots {
+    fn services(&self, file: FileId) -> &[Service] {
+        self.get(file).map_or(&[], |e| e.state.good.as_slice())
+    }
+
+    fn rank(&self, file: FileId) -> usize {
+        self.get(file).map_or(usize::MAX, |e| e.rank)
+    }
+}
+
+/// What one scan changed.
+#[derive(Debug, PartialEq)]
+pub struct Scan {
+    /// What changed in the served set.
+    pub changes: Changes,
+    /// Whether the problems ([`Scanner::problems`]) may have changed.
+    pub problems: bool,
+}
+
+impl Scan {
+    /// Whether anything served or reported changed.
+    pub fn changed(&self) -> bool {
+        self.problems || self.changes != Changes::None
+    }
+}
+
+/// What changed in the served set.
+#[derive(Debug, PartialEq)]
+pub enum Changes {
+    /// Nothing.
+    None,
+    /// Everything may have: the set was derived from scratch (the first scan, or files changed
+    /// places in precedence order); send [`Scanner::served`] in full.
+    All,
+    /// These services are new or changed and these keys are gone.
+    Some {
+        /// New or changed services, in precedence order.
+        upserts: Vec<Service>,
+        /// Keys no longer served.
+        removes: Vec<ServiceKey>,
+    },
 }
 
 /// Polls the configured paths; see the module documentation.
@@ -149,7 +292,15 @@ pub struct Scanner {
     settle: Duration,
     /// Files found in the last scan, in precedence order (configured order, then sorted).
     order: Vec<PathBuf>,
-    files: HashMap<PathBuf, FileState>,
+    /// The ids of the files in `order`, by position (`None` for one with no state yet).
+    order_ids: Vec<Option<FileId>>,
+    /// The state of the listed files (those in `order` that could be looked at), by id.
+    ids: HashMap<PathBuf, FileId>,
+    slots: Slots,
+    /// Slots free for reuse.
+    free: Vec<FileId>,
+    /// Which definition of each key is served; `None` until the first scan derives it.
+    served: Option<Served>,
     /// Problems with configured paths and directories themselves (missing, unreadable).
     path_problems: BTreeMap<String, Vec<String>>,
 }
@@ -171,148 +322,212 @@ impl Scanner {
             reader,
             settle,
             order: Vec::new(),
-            files: HashMap::new(),
+            order_ids: Vec::new(),
+            ids: HashMap::new(),
+            slots: Slots::default(),
+            free: Vec::new(),
+            served: None,
             path_problems: BTreeMap::new(),
         }
     }
 
-    /// Stats every path and re-reads what changed. Returns whether anything that could change
-    /// the snapshot changed.
-    pub fn scan(&mut self) -> bool {
+    /// Stats every path, re-reads what changed and works out what that changed in the served
+    /// set. When nothing changed this costs one `stat` per file and no per-service work.
+    pub fn scan(&mut self) -> Scan {
         let listing = walk::list(&self.roots, &self.order);
-        let seen: HashSet<&PathBuf> = listing.files.iter().collect();
-
-        let mut dirty = listing.files != self.order || listing.problems != self.path_problems;
-        let before = self.files.len();
-        self.files.retain(|path, _| {
-            let keep = seen.contains(path);
-            if !keep {
-                info!(file = %path.display(), "File removed; dropping its services.");
-            }
-            keep
-        });
-        dirty |= self.files.len() != before;
-        for path in &listing.files {
-            // Below a path that cannot be listed: keep the file as it was, do not touch it.
-            if !listing.held.contains(path) {
-                dirty |= self.refresh(path);
+        let mut problems = listing.problems != self.path_problems;
+        let mut touched = Vec::new();
+        let mut released = Vec::new();
+        let same = listing.files.len() == self.order.len()
+            && listing
+                .files
+                .iter()
+                .zip(&self.order)
+                .all(|(f, p)| f.path == *p);
+        // The ids by position: looked up by path (hashing every path) only if the list changed.
+        let mut ids = if same {
+            std::mem::take(&mut self.order_ids)
+        } else {
+            let seen: HashSet<&Path> = listing.files.iter().map(|f| f.path.as_path()).collect();
+            self.ids.retain(|path, &mut id| {
+                let keep = seen.contains(path.as_path());
+                if !keep {
+                    info!(file = %path.display(), "File removed; dropping its services.");
+                    released.push(id);
+                }
+                keep
+            });
+            listing
+                .files
+                .iter()
+                .map(|f| self.ids.get(&f.path).copied())
+                .collect()
+        };
+        for &id in &released {
+            let entry = self.slots.0.get_mut(id).and_then(Option::take);
+            if let Some(entry) = entry {
+                problems |= entry.state.error.is_some() || !entry.state.duplicates.is_empty();
+                touched.push(Touched {
+                    file: id,
+                    old: entry.state.good,
+                });
             }
         }
-        self.order = listing.files;
-        self.path_problems = listing.problems;
-        dirty
-    }
-
-    /// Re-reads one file if it may have changed. Returns whether its services or error changed.
-    fn refresh(&mut self, path: &Path) -> bool {
-        let meta = match fs::metadata(path) {
-            Ok(meta) => meta,
-            Err(e) => {
-                return match walk::classify(path, &e) {
-                    // Vanished between listing and stat: gone for real on the next scan.
-                    StatFailure::Gone => false,
-                    StatFailure::Broken(message) => {
-                        let error = FileError::Stat {
-                            path: scope(path),
-                            message,
-                        };
-                        let state = self.files.entry(path.to_path_buf()).or_default();
-                        state.stamp = None;
-                        state.fail(path, &error)
+        // Files keep their relative order unless a path changed how it is listed (a file
+        // reached through two configured paths, a broken directory held): then every winner
+        // may change and the set is derived again.
+        let mut reordered = false;
+        let mut last_rank = None;
+        for (rank, (listed, id)) in listing.files.iter().zip(ids.iter_mut()).enumerate() {
+            if let Some(entry) = id.and_then(|id| self.slots.get_mut(id)) {
+                reordered |= last_rank.is_some_and(|last| entry.rank < last);
+                last_rank = Some(entry.rank);
+                entry.rank = rank;
+            }
+            // Held below a path that cannot be listed: keep the file as it was, do not touch it.
+            let Some(meta) = &listed.meta else {
+                continue;
+            };
+            let (file, refreshed) = self.refresh(&listed.path, meta, rank, *id);
+            *id = file;
+            match refreshed {
+                Refreshed::Same => {}
+                Refreshed::Error => problems = true,
+                Refreshed::Services { old, fixed } => {
+                    problems |= fixed;
+                    if let Some(file) = file {
+                        touched.push(Touched { file, old });
                     }
-                };
+                }
+            }
+        }
+        self.order = listing.files.into_iter().map(|f| f.path).collect();
+        self.order_ids = ids;
+        self.path_problems = listing.problems;
+
+        let changes = match &mut self.served {
+            Some(served) if !reordered => {
+                if touched.is_empty() {
+                    Changes::None
+                } else {
+                    let delta = served.apply(&touched, &self.slots);
+                    problems |= self.recheck_duplicates(&delta.recheck);
+                    let Delta {
+                        upserts, removes, ..
+                    } = delta;
+                    if upserts.is_empty() && removes.is_empty() {
+                        Changes::None
+                    } else {
+                        Changes::Some { upserts, removes }
+                    }
+                }
+            }
+            _ => {
+                let order = self.order_ids();
+                let served = self.served.get_or_insert_with(Served::default);
+                served.rebuild(&order, &self.slots);
+                self.recheck_duplicates(&order);
+                problems = true;
+                Changes::All
             }
         };
-        let stamp = Stamp::of(&meta);
-        if let Some(state) = self.files.get(path) {
+        self.free.extend(released);
+        Scan { changes, problems }
+    }
+
+    /// The ids of the listed files, in precedence order.
+    fn order_ids(&self) -> Vec<FileId> {
+        self.order_ids.iter().flatten().copied().collect()
+    }
+
+    /// Recomputes the duplicate-key problems of `files`. Whether any changed.
+    fn recheck_duplicates(&mut self, files: &[FileId]) -> bool {
+        let Some(served) = &self.served else {
+            return false;
+        };
+        let mut changed = false;
+        for &file in files {
+            let duplicates = served.duplicates(file, &self.slots);
+            if let Some(entry) = self.slots.get_mut(file) {
+                if entry.state.duplicates != duplicates {
+                    entry.state.duplicates = duplicates;
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
+    /// The id and state of `path` (whose id is `id` if it has one), created with no services
+    /// if it is new.
+    fn state(&mut self, path: &Path, rank: usize, id: Option<FileId>) -> (FileId, &mut FileState) {
+        let id = id.unwrap_or_else(|| {
+            let id = self.free.pop().unwrap_or(self.slots.0.len());
+            self.ids.insert(path.to_path_buf(), id);
+            id
+        });
+        if self.slots.0.len() <= id {
+            self.slots.0.resize_with(id + 1, || None);
+        }
+        let entry = self.slots.0[id].get_or_insert_with(|| Entry {
+            rank,
+            state: FileState::default(),
+        });
+        (id, &mut entry.state)
+    }
+
+    /// Re-reads one file (at `rank` in precedence order, with the metadata the listing found
+    /// and its id if it has one) if it may have changed. Returns its id if it has one now.
+    fn refresh(
+        &mut self,
+        path: &Path,
+        meta: &fs::Metadata,
+        rank: usize,
+        id: Option<FileId>,
+    ) -> (Option<FileId>, Refreshed) {
+        let stamp = Stamp::of(meta);
+        if let Some(Entry { state, .. }) = id.and_then(|id| self.slots.get(id)) {
             let unchanged = state.stamp == Some(stamp) && !state.racy;
             if unchanged && state.candidate.is_none() && !self.reader.is_stuck(path) {
-                return false;
+                return (id, Refreshed::Same);
             }
         }
         let read_at = SystemTime::now();
-        let result = self.reader.read(path, &meta);
+        let result = self.reader.read(path, meta);
         let settle = self.settle;
-        let state = self.files.entry(path.to_path_buf()).or_default();
+        let (file, state) = self.state(path, rank, id);
         state.stamp = Some(stamp);
         state.racy = stamp.mtime.is_none_or(|mtime| {
             read_at
                 .duration_since(mtime)
                 .map_or(true, |age| age < RACY_WINDOW)
         });
-        let text = match result {
-            Ok(text) => text,
-            Err(source) => {
-                // Not content: nothing to settle. The last good services stay.
-                state.candidate = None;
-                let error = FileError::Read {
-                    path: scope(path),
-                    source,
-                };
-                return state.fail(path, &error);
-            }
-        };
-        let parsed = convert::parse(&scope(path), &text, Format::for_path(path));
-        let takes_away = match &parsed {
-            Ok(services) => removes_any(&state.good, services),
-            Err(_) => !state.good.is_empty(),
-        };
-        if takes_away && !settle.is_zero() {
-            let digest = digest(&text);
-            let now = Instant::now();
-            match state.candidate {
-                Some(c) if c.digest == digest && now.duration_since(c.first_read) >= settle => {
-                    debug!(file = %path.display(), "Removal settled; applying it.");
-                }
-                Some(c) if c.digest == digest => return false,
-                _ => {
-                    debug!(
-                        file = %path.display(),
-                        settle_ms = settle.as_millis(),
-                        "New version would remove services; waiting for it to settle."
-                    );
-                    state.candidate = Some(Candidate {
-                        digest,
-                        first_read: now,
-                    });
-                    return false;
-                }
-            }
-        }
-        state.candidate = None;
-        match parsed {
-            Ok(services) => state.apply(path, services),
-            Err(e) => state.fail(path, &FileError::Convert(e)),
-        }
+        (Some(file), state.update(path, result, settle))
     }
 
-    /// The services to serve (first definition of each key wins) and the problems per scope.
-    pub fn snapshot(&self) -> (Vec<Service>, BTreeMap<String, Vec<String>>) {
+    /// The services to serve (the first definition of each key), in precedence order.
+    pub fn served(&self) -> Vec<Service> {
+        self.served.as_ref().map_or_else(Vec::new, |served| {
+            served.all(&self.order_ids(), &self.slots)
+        })
+    }
+
+    /// The problems per scope: paths that cannot be listed, files that cannot be used (their
+    /// last good services stay) and services shadowed by another definition of their key.
+    pub fn problems(&self) -> BTreeMap<String, Vec<String>> {
         let mut problems = self.path_problems.clone();
-        let mut services = Vec::new();
-        let mut winners: HashMap<&ServiceKey, &str> = HashMap::new();
-        for path in &self.order {
-            let Some(state) = self.files.get(path) else {
+        for (path, id) in self.order.iter().zip(&self.order_ids) {
+            let Some(Entry { state, .. }) = id.and_then(|id| self.slots.get(id)) else {
                 continue;
             };
-            if let Some(error) = &state.error {
-                problems.entry(scope(path)).or_default().push(error.clone());
+            if state.error.is_none() && state.duplicates.is_empty() {
+                continue;
             }
-            for service in &state.good {
-                if let Some(winner) = winners.get(&service.key) {
-                    let message = format!(
-                        "{}: ignored, {} is already defined by {}",
-                        service.origin, service.key, winner
-                    );
-                    warn!(file = %path.display(), key = %service.key, first = %winner, "Duplicate service ignored.");
-                    problems.entry(scope(path)).or_default().push(message);
-                } else {
-                    winners.insert(&service.key, &service.origin);
-                    services.push(service.clone());
-                }
-            }
+            let list = problems.entry(scope(path)).or_default();
+            list.extend(state.error.iter().cloned());
+            list.extend(state.duplicates.iter().cloned());
         }
-        (services, problems)
+        problems
     }
 }
 
@@ -350,16 +565,11 @@ mod tests {
     }
 
     fn names(scanner: &Scanner) -> Vec<String> {
-        scanner
-            .snapshot()
-            .0
-            .iter()
-            .map(|s| s.key.to_string())
-            .collect()
+        scanner.served().iter().map(|s| s.key.to_string()).collect()
     }
 
     fn problems(scanner: &Scanner) -> String {
-        format!("{:?}", scanner.snapshot().1)
+        format!("{:?}", scanner.problems())
     }
 
     #[test]
@@ -376,22 +586,22 @@ mod tests {
         let old = SystemTime::now() - Duration::from_secs(60);
         write(&a, &se("web", 80));
         let mut scanner = Scanner::new(vec![a.clone()], LIMITS);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         // New mtime, same content: re-read, but nothing changed.
         set_mtime(old);
-        assert!(!scanner.scan());
+        assert!(!scanner.scan().changed());
 
         // Same size, same inode, mtime put back: the stamp is unchanged, so the file is not
         // re-read (the price of polling with stat only).
         write(&a, &se("web", 81));
         set_mtime(old);
-        assert!(!scanner.scan());
-        assert_eq!(scanner.snapshot().0[0].ports[0].number, 80);
+        assert!(!scanner.scan().changed());
+        assert_eq!(scanner.served()[0].ports[0].number, 80);
 
         // Any stamp change makes it re-read.
         set_mtime(old + Duration::from_secs(1));
-        assert!(scanner.scan());
-        assert_eq!(scanner.snapshot().0[0].ports[0].number, 81);
+        assert!(scanner.scan().changed());
+        assert_eq!(scanner.served()[0].ports[0].number, 81);
     }
 
     #[test]
@@ -400,7 +610,7 @@ mod tests {
         let a = dir.path().join("a.yaml");
         write(&a, &se("web", 80));
         let mut scanner = Scanner::new(vec![a.clone()], LIMITS);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         // A same-size rewrite within the same mtime tick: caught because the file was young.
         let mtime = fs::metadata(&a).and_then(|m| m.modified()).expect("mtime");
         write(&a, &se("web", 81));
@@ -409,8 +619,8 @@ mod tests {
             .open(&a)
             .and_then(|f| f.set_modified(mtime))
             .expect("set mtime");
-        assert!(scanner.scan());
-        assert_eq!(scanner.snapshot().0[0].ports[0].number, 81);
+        assert!(scanner.scan().changed());
+        assert_eq!(scanner.served()[0].ports[0].number, 81);
     }
 
     #[test]
@@ -425,7 +635,7 @@ mod tests {
         assert!(status.success());
         std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.yaml")).expect("ln");
         let mut scanner = Scanner::new(vec![dir.path().to_path_buf()], LIMITS);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         assert_eq!(names(&scanner), vec!["web"]);
         let p = problems(&scanner);
         assert!(
@@ -437,8 +647,8 @@ mod tests {
             "{p}"
         );
         write(&a, &se("web", 8080));
-        assert!(scanner.scan());
-        assert_eq!(scanner.snapshot().0[0].ports[0].number, 8080);
+        assert!(scanner.scan().changed());
+        assert_eq!(scanner.served()[0].ports[0].number, 8080);
     }
 
     #[test]
@@ -447,14 +657,14 @@ mod tests {
         let a = dir.path().join("a.yaml");
         write(&a, &se("web", 80));
         let mut scanner = Scanner::new(vec![a.clone()], LIMITS);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         fs::remove_file(&a).expect("rm");
         let status = std::process::Command::new("mkfifo")
             .arg(&a)
             .status()
             .expect("mkfifo");
         assert!(status.success());
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         assert_eq!(names(&scanner), vec!["web"]);
         assert!(problems(&scanner).contains("named pipe"));
     }
@@ -471,17 +681,17 @@ mod tests {
         let a = dir.path().join("a.yaml");
         write(&a, &se("web", 80));
         let mut scanner = Scanner::new(vec![a.clone()], LIMITS);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         // The same scanner state, now with reads that hang (a hung network mount).
         scanner.reader = Reader::with_read_fn(Duration::from_millis(20), 1024, stuck_read);
         write(&a, &se("web", 81));
-        assert!(scanner.scan());
-        assert_eq!(scanner.snapshot().0[0].ports[0].number, 80);
+        assert!(scanner.scan().changed());
+        assert_eq!(scanner.served()[0].ports[0].number, 80);
         let p = problems(&scanner);
         assert!(p.contains("a.yaml: read timed out after 0.02s"), "{p}");
         // Still stuck: no change, answered without waiting again.
         let start = Instant::now();
-        assert!(!scanner.scan());
+        assert!(!scanner.scan().changed());
         assert!(start.elapsed() < Duration::from_millis(20));
     }
 
@@ -492,41 +702,41 @@ mod tests {
         write(&a, &format!("{}---\n{}", se("web", 80), se("api", 80)));
         let settle = Duration::from_millis(200);
         let mut scanner = Scanner::new(vec![a.clone()], Limits { settle, ..LIMITS });
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         assert_eq!(names(&scanner), vec!["web", "api"]);
 
         // Truncated mid-write: neither applied nor reported at first.
         write(&a, "");
-        assert!(!scanner.scan());
+        assert!(!scanner.scan().changed());
         write(&a, "apiVersion: networking.istio.io/v1\nkind: ServiceEn");
-        assert!(!scanner.scan());
+        assert!(!scanner.scan().changed());
         assert_eq!(problems(&scanner), "{}");
         // The write completes; additions and edits apply at once.
         write(&a, &format!("{}---\n{}", se("web", 81), se("api", 80)));
-        assert!(scanner.scan());
-        assert_eq!(scanner.snapshot().0[0].ports[0].number, 81);
+        assert!(scanner.scan().changed());
+        assert_eq!(scanner.served()[0].ports[0].number, 81);
 
         // A document removed on purpose: applied once the same content is read after `settle`.
         write(&a, &se("web", 81));
-        assert!(!scanner.scan());
+        assert!(!scanner.scan().changed());
         assert_eq!(names(&scanner), vec!["web", "api"]);
         std::thread::sleep(settle);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         assert_eq!(names(&scanner), vec!["web"]);
 
         // A broken version that stays: reported after `settle`, last good kept.
         write(&a, "kind: [broken\n");
-        assert!(!scanner.scan());
+        assert!(!scanner.scan().changed());
         std::thread::sleep(settle);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         assert!(problems(&scanner).contains("YAML syntax error"));
         assert_eq!(names(&scanner), vec!["web"]);
 
         // Emptied on purpose: applied after `settle`; a deletion at once.
         write(&a, "");
-        assert!(!scanner.scan());
+        assert!(!scanner.scan().changed());
         std::thread::sleep(settle);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         assert!(names(&scanner).is_empty());
         assert_eq!(problems(&scanner), "{}");
     }
@@ -541,9 +751,9 @@ mod tests {
             ..LIMITS
         };
         let mut scanner = Scanner::new(vec![dir.path().to_path_buf()], limits);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         fs::remove_file(&a).expect("rm");
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         assert!(names(&scanner).is_empty());
     }
 
@@ -558,13 +768,13 @@ mod tests {
         write(&target, &se("l", 80));
         std::os::unix::fs::symlink(&target, &link).expect("ln");
         let mut scanner = Scanner::new(vec![conf.clone(), link.clone()], LIMITS);
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         assert_eq!(names(&scanner), vec!["s", "l"]);
 
         fs::rename(conf.join("sub"), conf.join(".old")).expect("mv");
         std::os::unix::fs::symlink(dir.path().join("nowhere"), conf.join("sub")).expect("ln");
         fs::remove_file(&target).expect("rm target");
-        assert!(scanner.scan());
+        assert!(scanner.scan().changed());
         assert_eq!(names(&scanner), vec!["s", "l"]);
         let p = problems(&scanner);
         assert!(p.contains("sub: cannot stat: dangling symlink"), "{p}");

@@ -17,11 +17,21 @@ const MAX_DEPTH: usize = 16;
 /// Extensions picked up inside directories (a path named explicitly is read whatever its name).
 const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
 
+/// One file found by a scan.
+#[derive(Debug)]
+pub struct Listed {
+    /// The file, as configured or joined below a configured directory.
+    pub path: PathBuf,
+    /// Its metadata (following symlinks) from the listing, so that it is not stat'ed twice per
+    /// poll; `None` for a held file.
+    pub meta: Option<fs::Metadata>,
+}
+
 /// What one scan of the configured paths found.
 #[derive(Debug, Default)]
 pub struct Listing {
     /// Files in precedence order (configured order, directory contents sorted), each once.
-    pub files: Vec<PathBuf>,
+    pub files: Vec<Listed>,
     /// Files below a path that could not be stat'ed or listed: keep their state as it is.
     pub held: HashSet<PathBuf>,
     /// Problems with configured paths and directories themselves, by scope.
@@ -67,10 +77,13 @@ pub fn list(roots: &[PathBuf], previous: &[PathBuf]) -> Listing {
             Ok(meta) if meta.is_dir() => {
                 let mut found = Vec::new();
                 collect_dir(root, 0, previous, &mut found, &mut listing);
-                found.sort();
+                found.sort_by(|a, b| a.path.cmp(&b.path));
                 listing.files.extend(found);
             }
-            Ok(_) => listing.files.push(root.clone()),
+            Ok(meta) => listing.files.push(Listed {
+                path: root.clone(),
+                meta: Some(meta),
+            }),
             Err(e) => match classify(root, &e) {
                 StatFailure::Gone => listing.problem(
                     root,
@@ -95,9 +108,12 @@ pub fn list(roots: &[PathBuf], previous: &[PathBuf]) -> Listing {
             },
         }
     }
-    // A file reachable through two configured paths counts once, at its first place.
-    let mut seen = HashSet::new();
-    listing.files.retain(|p| seen.insert(p.clone()));
+    // A file reachable through two configured paths counts once, at its first place (the
+    // entries of one directory are distinct).
+    if roots.len() > 1 {
+        let mut seen = HashSet::new();
+        listing.files.retain(|f| seen.insert(f.path.clone()));
+    }
     listing
 }
 
@@ -107,10 +123,13 @@ impl Listing {
     }
 
     /// Keeps the files previously found at or below `path`, in their previous order.
-    fn hold(&mut self, path: &Path, previous: &[PathBuf], found: &mut Vec<PathBuf>) {
+    fn hold(&mut self, path: &Path, previous: &[PathBuf], found: &mut Vec<Listed>) {
         for file in previous.iter().filter(|f| f.starts_with(path)) {
             self.held.insert(file.clone());
-            found.push(file.clone());
+            found.push(Listed {
+                path: file.clone(),
+                meta: None,
+            });
         }
     }
 }
@@ -128,7 +147,7 @@ fn collect_dir(
     dir: &Path,
     depth: usize,
     previous: &[PathBuf],
-    found: &mut Vec<PathBuf>,
+    found: &mut Vec<Listed>,
     listing: &mut Listing,
 ) {
     let entries = match fs::read_dir(dir) {
@@ -172,7 +191,10 @@ fn collect_dir(
                     collect_dir(&path, depth + 1, previous, found, listing);
                 }
             }
-            Ok(_) if has_config_extension(&path) => found.push(path),
+            Ok(meta) if has_config_extension(&path) => found.push(Listed {
+                path,
+                meta: Some(meta),
+            }),
             Ok(_) => {}
             Err(e) => match classify(&path, &e) {
                 // Removed while listing.
@@ -202,6 +224,10 @@ fn has_config_extension(path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    fn paths(listing: &Listing) -> Vec<PathBuf> {
+        listing.files.iter().map(|f| f.path.clone()).collect()
+    }
+
     #[test]
     fn broken_paths_hold_what_was_below_them() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -213,7 +239,7 @@ mod tests {
         let roots = vec![conf.clone()];
         let first = list(&roots, &[]);
         assert_eq!(
-            first.files,
+            paths(&first),
             vec![conf.join("a.yaml"), conf.join("sub/s.yaml")]
         );
         assert!(first.held.is_empty() && first.problems.is_empty());
@@ -221,8 +247,8 @@ mod tests {
         // `sub` becomes a dangling symlink: held, with a problem naming it and the error.
         fs::remove_dir_all(conf.join("sub")).expect("rm");
         std::os::unix::fs::symlink(dir.path().join("nowhere"), conf.join("sub")).expect("ln");
-        let second = list(&roots, &first.files);
-        assert_eq!(second.files, first.files);
+        let second = list(&roots, &paths(&first));
+        assert_eq!(paths(&second), paths(&first));
         assert_eq!(
             second.held,
             HashSet::from([conf.join("sub/s.yaml")]),
@@ -235,8 +261,8 @@ mod tests {
 
         // Really removed: a deletion, no problem.
         fs::remove_file(conf.join("sub")).expect("rm link");
-        let third = list(&roots, &second.files);
-        assert_eq!(third.files, vec![conf.join("a.yaml")]);
+        let third = list(&roots, &paths(&second));
+        assert_eq!(paths(&third), vec![conf.join("a.yaml")]);
         assert!(third.problems.is_empty(), "{:?}", third.problems);
     }
 
@@ -249,12 +275,12 @@ mod tests {
         fs::write(&f, "").expect("write");
         let roots = vec![f.clone()];
         let first = list(&roots, &[]);
-        assert_eq!(first.files, vec![f.clone()]);
+        assert_eq!(paths(&first), vec![f.clone()]);
 
         fs::remove_dir_all(&other).expect("rm");
         fs::write(&other, "now a file").expect("write");
-        let second = list(&roots, &first.files);
-        assert_eq!(second.files, vec![f.clone()]);
+        let second = list(&roots, &paths(&first));
+        assert_eq!(paths(&second), vec![f.clone()]);
         assert!(second.held.contains(&f));
         let problem = &second.problems[&scope(&f)][0];
         assert!(problem.contains("Not a directory"), "{problem}");

@@ -28,8 +28,8 @@
 //!   the adapter *opens* the changed file (`IN_OPEN`), which is when it noticed the change. Each
 //!   change edits the first service of the next file (a file is not edited again within 3.5 s,
 //!   so the scanner's re-read of recently modified files cannot be mistaken for a change), and
-//!   the log splits the time into read+parse (open -> Reset), the core (Reset -> published) and
-//!   the push (published -> sink).
+//!   the log splits the time into read+parse (open -> the file registry's `Sending changes.`,
+//!   or `Sending full set.` for a Reset), the core (-> published) and the push (published -> sink).
 //!
 //! Inventories are cached under `target/scale/inventory-<S>x10-f<per file>/` (1000 services per
 //! file; adapter-file reads files up to 16 MiB by default). Results: a table on stdout and CSV
@@ -1547,11 +1547,11 @@ fn delta_phase(a: &AdapterProc, inv: &Inventory, changes: usize) -> (Vec<Change>
         std::thread::sleep(Duration::from_millis(rng.below(POLL.as_millis() as u64)));
     }
     sink.close();
-    // The adapter's log splits each change: Reset sent, snapshot published.
+    // The adapter's log splits each change: changes (or a Reset) sent, snapshot published.
     let events = a.events();
     let resets: Vec<u64> = events
         .iter()
-        .filter(|e| e.text.contains("Sending full set."))
+        .filter(|e| e.text.contains("Sending full set.") || e.text.contains("Sending changes."))
         .map(|e| e.t)
         .collect();
     let publishes: Vec<u64> = events

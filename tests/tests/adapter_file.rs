@@ -474,3 +474,70 @@ fn shards_partition_one_registry_over_several_adapters() {
     assert_eq!(served, want);
     a.assert_steady(Duration::from_millis(300));
 }
+
+/// Each item's name and resourceVersion.
+fn versions(items: &[serde_json::Value]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .map(|i| {
+            (
+                i["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                i["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn editing_one_file_of_many_changes_only_its_service() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for f in 0..20 {
+        let docs: Vec<String> = (0..5)
+            .map(|s| se(&format!("s{f:02}x{s}"), &format!("10.0.{f}.{s}")))
+            .collect();
+        std::fs::write(dir.path().join(format!("f{f:02}.yaml")), docs.join("---\n"))
+            .expect("write");
+    }
+    let adapter = start(dir.path());
+    let xds = format!("xds://{}", adapter.grpc);
+    let before = versions(&get(&xds));
+    assert_eq!(before.len(), 100);
+    let snapshots = adapter.metric("mcp_adapter_snapshots_total");
+
+    // One service of one file changes: one new snapshot, one new resource version.
+    let docs: Vec<String> = (0..5)
+        .map(|s| {
+            let ip = if s == 2 {
+                "10.9.9.9".to_owned()
+            } else {
+                format!("10.0.7.{s}")
+            };
+            se(&format!("s07x{s}"), &ip)
+        })
+        .collect();
+    std::fs::write(dir.path().join("f07.yaml"), docs.join("---\n")).expect("edit");
+    let after = wait_for(Duration::from_secs(10), "edit served", || {
+        let after = versions(&get(&xds));
+        (after != before).then_some(after)
+    });
+    let changed: Vec<&str> = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| b != a)
+        .map(|(b, _)| b.0.as_str())
+        .collect();
+    assert_eq!(changed, vec!["s07x2"]);
+    adapter.assert_steady(Duration::from_millis(500));
+    assert_eq!(
+        adapter.metric("mcp_adapter_snapshots_total"),
+        snapshots + 1.0,
+        "log:\n{}",
+        adapter.log_tail()
+    );
+}
