@@ -606,10 +606,7 @@ async fn run() {
     if delta_services > 10_000 {
         sizes.push(delta_services);
     }
-    let breakdowns: Vec<_> = sizes
-        .into_iter()
-        .map(|n| (n, breakdown(n)))
-        .collect();
+    let breakdowns: Vec<_> = sizes.into_iter().map(|n| (n, breakdown(n))).collect();
 
     println!();
     println!(
