@@ -60,8 +60,10 @@ pub struct Index {
     claims: BTreeMap<Arc<str>, BTreeMap<ServiceKey, Arc<Entry>>>,
     /// Names claimed by more than one key (all but the winner are quarantined).
     collided: BTreeSet<Arc<str>>,
-    /// Names whose claims changed since the last flush.
-    dirty: BTreeSet<Arc<str>>,
+    /// Names whose claims changed since the last flush; `None` before the first snapshot and once
+    /// so many changed that the next one is built from every claim anyway (tracking them would
+    /// only slow a full `Reset` down).
+    dirty: Option<BTreeSet<Arc<str>>>,
     /// Whether the quarantine list may be out of date.
     quarantine_dirty: bool,
     /// Keys whose current registry content is invalid.
@@ -89,7 +91,7 @@ impl Index {
             states: HashMap::new(),
             claims: BTreeMap::new(),
             collided: BTreeSet::new(),
-            dirty: BTreeSet::new(),
+            dirty: None,
             quarantine_dirty: false,
             invalid: BTreeSet::new(),
             pending: BTreeMap::new(),
@@ -185,19 +187,17 @@ impl Index {
     /// applied to the published snapshot (sharing the rest of it, and letting delta streams diff
     /// through its history); many, or a first snapshot, are built from every claim.
     fn build(&mut self) -> Option<Arc<Snapshot>> {
-        let dirty = std::mem::take(&mut self.dirty);
+        let dirty = self.dirty.replace(BTreeSet::new());
         let winner = |claims: &BTreeMap<ServiceKey, Arc<Entry>>| claims.values().next().cloned();
-        if let Some(old) = &self.snapshot {
-            if dirty.len() <= self.claims.len() / 4 {
-                let changes = dirty
-                    .into_iter()
-                    .map(|name| {
-                        let entry = self.claims.get(&name).and_then(winner);
-                        (name, entry)
-                    })
-                    .collect();
-                return old.with_changes(changes).map(Arc::new);
-            }
+        if let (Some(old), Some(dirty)) = (&self.snapshot, dirty) {
+            let changes = dirty
+                .into_iter()
+                .map(|name| {
+                    let entry = self.claims.get(&name).and_then(winner);
+                    (name, entry)
+                })
+                .collect();
+            return old.with_changes(changes).map(Arc::new);
         }
         let snapshot = Snapshot::new(self.claims.values().filter_map(winner).collect());
         if self
@@ -350,7 +350,7 @@ impl Index {
             self.collided.insert(Arc::clone(&name));
             self.quarantine_dirty = true;
         }
-        self.dirty.insert(name);
+        self.mark_dirty(name);
     }
 
     fn unclaim(&mut self, key: &ServiceKey, name: &Arc<str>) {
@@ -367,7 +367,17 @@ impl Index {
             if keys.is_empty() {
                 self.claims.remove(name);
             }
-            self.dirty.insert(Arc::clone(name));
+            self.mark_dirty(Arc::clone(name));
+        }
+    }
+
+    /// Records that the served entry of `name` may have changed.
+    fn mark_dirty(&mut self, name: Arc<str>) {
+        if let Some(dirty) = &mut self.dirty {
+            dirty.insert(name);
+            if dirty.len() > self.claims.len() / 4 + 16 {
+                self.dirty = None;
+            }
         }
     }
 
