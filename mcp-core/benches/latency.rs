@@ -8,7 +8,8 @@
 //! same case; the client measures request -> response round trips.
 //!
 //! Run: `cargo bench -p mcp-core --bench latency`. `MCP_BENCH_DELTA_SERVICES=100000` runs the
-//! delta case at 100k services (1M endpoints, issue #12's scale; the default is 10000).
+//! delta case at 100k services (1M endpoints, issue #12's scale; the default is 10000), and adds
+//! that size to the in-process breakdown.
 
 mod common;
 
@@ -580,14 +581,15 @@ async fn run() {
             floor_nagle,
         });
     }
+    let delta_services = std::env::var("MCP_BENCH_DELTA_SERVICES")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("MCP_BENCH_DELTA_SERVICES={v}: not a number"))
+        })
+        .unwrap_or(10_000);
     {
-        let n = std::env::var("MCP_BENCH_DELTA_SERVICES")
-            .ok()
-            .map(|v| {
-                v.parse()
-                    .unwrap_or_else(|_| panic!("MCP_BENCH_DELTA_SERVICES={v}: not a number"))
-            })
-            .unwrap_or(10_000);
+        let n = delta_services;
         let (ours, wire) = delta(n).await;
         let floor = floor_delta(wire.clone(), Accept::NoDelay).await;
         let floor_nagle = floor_delta(wire, Accept::ListenerStream).await;
@@ -598,10 +600,13 @@ async fn run() {
             floor_nagle,
         });
     }
-    let breakdowns: Vec<_> = [1000, 10_000]
-        .into_iter()
-        .map(|n| (n, breakdown(n)))
-        .collect();
+    // The breakdown also runs at the delta case's size when that is larger, so the in-process
+    // cost at issue #12's scale is printed next to its network latency.
+    let mut sizes = vec![1000, 10_000];
+    if delta_services > 10_000 {
+        sizes.push(delta_services);
+    }
+    let breakdowns: Vec<_> = sizes.into_iter().map(|n| (n, breakdown(n))).collect();
 
     println!();
     println!(

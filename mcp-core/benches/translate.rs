@@ -162,7 +162,7 @@ fn floor(services: &[Service], cfg: &TranslateConfig) -> usize {
 fn index_reset_flush(idx: &mut Index, services: Vec<Service>) -> usize {
     idx.apply(RegistryEvent::Reset(services));
     let snap = idx.flush().expect("first flush publishes");
-    snap.entries.iter().map(|e| e.resource.len()).sum()
+    snap.iter().map(|e| e.resource.len()).sum()
 }
 
 fn new_index() -> Index {

@@ -146,7 +146,7 @@ async fn debug_resources(State(s): State<AdminState>) -> impl IntoResponse {
     let snapshot = s.snapshots.borrow().clone();
     let resources: Vec<serde_json::Value> = snapshot
         .iter()
-        .flat_map(|snap| snap.entries.iter())
+        .flat_map(|snap| snap.iter())
         .filter_map(|e| {
             serde_json::to_value(Served {
                 name: &e.name,

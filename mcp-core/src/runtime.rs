@@ -371,7 +371,7 @@ impl Writer {
                 tracing::info!(
                     path = %path.display(),
                     version = %snapshot.version,
-                    resources = snapshot.entries.len(),
+                    resources = snapshot.len(),
                     "Serving the state saved by an earlier run until the registry answers."
                 );
                 {
@@ -411,7 +411,7 @@ impl Writer {
         if let Some(snapshot) = self.index.flush() {
             tracing::info!(
                 version = %snapshot.version,
-                resources = snapshot.entries.len(),
+                resources = snapshot.len(),
                 "Publishing a new served set."
             );
             self.metrics

@@ -4,8 +4,11 @@
 //! [`Bytes`]; every stream to every sink sends those same bytes. A [`Snapshot`] is the complete,
 //! name-sorted set served at one moment; its version is a hash of names and versions, so two
 //! replicas over the same input agree and a re-list that changes nothing changes no version.
+//! A snapshot made from the previous one with a few changes shares almost all of it (see
+//! `snapshot`), so one change costs O(changed · log n) however many services are served.
 
 mod body;
+mod entries;
 mod snapshot;
 pub mod state_file;
 
@@ -19,6 +22,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::translate::Translated;
 
+pub use entries::Change;
 pub use snapshot::{diff, Known, Snapshot};
 
 /// One encoded resource version.

@@ -47,10 +47,10 @@ pub fn save(path: &Path, snapshot: &Snapshot) -> Result<(), StateFileError> {
         path: path.to_path_buf(),
         source,
     };
-    let size: usize = snapshot.entries.iter().map(|e| e.resource.len() + 5).sum();
+    let size: usize = snapshot.iter().map(|e| e.resource.len() + 5).sum();
     let mut buf = Vec::with_capacity(HEADER.len() + size);
     buf.extend_from_slice(HEADER);
-    for e in &snapshot.entries {
+    for e in snapshot.iter() {
         prost::encoding::encode_varint(e.resource.len() as u64, &mut buf);
         buf.extend_from_slice(&e.resource);
     }
@@ -150,7 +150,7 @@ mod tests {
         save(&path, &s).expect("saved");
         let back = load(&path).expect("read").expect("present");
         assert_eq!(back.version, s.version);
-        assert_eq!(back.entries, s.entries);
+        assert!(back.iter().eq(s.iter()));
         let _ = std::fs::remove_file(&path);
     }
 

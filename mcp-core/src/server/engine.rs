@@ -306,7 +306,7 @@ impl Engine {
         let incremental_now =
             state.incremental && (state.answered || matches!(state.known, Known::Versions(_)));
         let (resources, removed) = if incremental_now {
-            let (up, rm) = diff(&state.known, &view, |_| true);
+            let (up, rm) = diff(&state.known, &view);
             if up.is_empty() && rm.is_empty() && state.answered {
                 state.sent_version = Some(snapshot.version.clone());
                 state.dirty = false;
@@ -314,7 +314,7 @@ impl Engine {
             }
             (up, rm)
         } else {
-            (view.entries.clone(), Vec::new())
+            (view.iter().cloned().collect(), Vec::new())
         };
         self.nonce += 1;
         let nonce = self.nonce.to_string();
@@ -430,11 +430,13 @@ fn known_has(known: &Known, name: &str) -> bool {
 /// something changes: on a wildcard stream it is usually a whole shared snapshot.
 fn amend(known: &mut Known, resend: &BTreeSet<&str>, keep: Option<&BTreeSet<String>>) -> bool {
     let outside = |name: &str| keep.is_some_and(|k| !k.contains(name));
-    let needs_pruning = match &*known {
-        Known::Nothing => false,
-        Known::Snapshot(s) => s.entries.iter().any(|e| outside(&e.name)),
-        Known::Versions(m) => m.keys().any(|n| outside(n)),
-    };
+    // Without `keep` nothing is outside: no need to look at every name held.
+    let needs_pruning = keep.is_some()
+        && match &*known {
+            Known::Nothing => false,
+            Known::Snapshot(s) => s.iter().any(|e| outside(&e.name)),
+            Known::Versions(m) => m.keys().any(|n| outside(n)),
+        };
     let resend: Vec<&str> = resend.iter().copied().filter(|n| !outside(n)).collect();
     if resend.is_empty() && !needs_pruning {
         return false;
@@ -442,7 +444,6 @@ fn amend(known: &mut Known, resend: &BTreeSet<&str>, keep: Option<&BTreeSet<Stri
     let mut map: BTreeMap<String, String> = match std::mem::replace(known, Known::Nothing) {
         Known::Nothing => BTreeMap::new(),
         Known::Snapshot(s) => s
-            .entries
             .iter()
             .filter(|e| !outside(&e.name))
             .map(|e| (e.name.to_string(), e.version.to_string()))
@@ -459,18 +460,27 @@ fn amend(known: &mut Known, resend: &BTreeSet<&str>, keep: Option<&BTreeSet<Stri
     true
 }
 
+/// What of `snapshot` the subscription covers: the snapshot itself for a wildcard, else the named
+/// entries, looked up one by one when they are few (a sink naming ten resources out of 100k does
+/// not pay for a walk over all of them at every change).
 fn filtered(snapshot: &Arc<Snapshot>, sub: &Subscription) -> Arc<Snapshot> {
     if sub.wildcard {
         return Arc::clone(snapshot);
     }
-    Arc::new(Snapshot::new(
+    let entries = if sub.names.len() < snapshot.len() / 8 {
+        sub.names
+            .iter()
+            .filter_map(|n| snapshot.get(n))
+            .cloned()
+            .collect()
+    } else {
         snapshot
-            .entries
             .iter()
             .filter(|e| sub.covers(&e.name))
             .cloned()
-            .collect(),
-    ))
+            .collect()
+    };
+    Arc::new(Snapshot::new(entries))
 }
 
 #[cfg(test)]
