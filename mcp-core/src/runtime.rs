@@ -217,6 +217,13 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         writer.run(registry).await;
         Ok(())
     }));
+    if let Some(path) = args.state_file.clone() {
+        let (rx, stop) = (snap_rx.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            state_file::keep_saved(path, rx, stop).await;
+            Ok(())
+        });
+    }
     let ctx = StreamContext {
         snapshots: snap_rx.clone(),
         metrics: metrics.clone(),
@@ -393,15 +400,6 @@ impl Writer {
         }
     }
 
-    fn save_state(&self, snapshot: &Snapshot) {
-        if let Some(path) = &self.state_file {
-            // A few milliseconds even for thousands of services, once per published change.
-            if let Err(e) = state_file::save(path, snapshot) {
-                tracing::warn!(error = %e, "Could not save the served set.");
-            }
-        }
-    }
-
     async fn publish(&mut self) {
         let first = !self.status.lock().synced;
         if !self.index.has_pending() && !first {
@@ -418,7 +416,6 @@ impl Writer {
                 .snapshots
                 .with_label_values(&[if first { "initial" } else { "change" }])
                 .inc();
-            self.save_state(&snapshot);
             self.snapshots.send_replace(Some(snapshot));
             if first {
                 {

@@ -5,8 +5,9 @@
 //! `istio.mcp.v1alpha1.Resource` messages after a one-line header), so a restored snapshot has
 //! the same names, versions, creation times and snapshot version as before the restart: a
 //! reconnecting istiod sees no change. It is written to a temporary file and renamed, so a crash
-//! mid-write leaves the previous file.
+//! mid-write leaves the previous file, by a task of its own so the writer never waits for the disk.
 
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,6 +15,8 @@ use bytes::{Buf, Bytes};
 use prost::Message;
 use proto::istio::mcp::v1alpha1::Resource;
 use proto::istio::networking::v1alpha3::ServiceEntry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::{Entry, Snapshot, Summary};
 
@@ -41,24 +44,63 @@ pub enum StateFileError {
     },
 }
 
-/// Writes `snapshot` to `path` atomically.
+/// Writes `snapshot` to `path` atomically, streaming the resources (no second copy of the set).
 pub fn save(path: &Path, snapshot: &Snapshot) -> Result<(), StateFileError> {
     let io = |source| StateFileError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let size: usize = snapshot.iter().map(|e| e.resource.len() + 5).sum();
-    let mut buf = Vec::with_capacity(HEADER.len() + size);
-    buf.extend_from_slice(HEADER);
-    for e in snapshot.iter() {
-        prost::encoding::encode_varint(e.resource.len() as u64, &mut buf);
-        buf.extend_from_slice(&e.resource);
-    }
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, &buf).map_err(io)?;
+    let mut out = BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+    out.write_all(HEADER).map_err(io)?;
+    let mut len = Vec::with_capacity(10);
+    for e in snapshot.iter() {
+        len.clear();
+        prost::encoding::encode_varint(e.resource.len() as u64, &mut len);
+        out.write_all(&len).map_err(io)?;
+        out.write_all(&e.resource).map_err(io)?;
+    }
+    out.flush().map_err(io)?;
+    drop(out);
     std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Keeps `path` holding the latest published set until `shutdown`, then writes the last one.
+///
+/// Runs beside the writer, not in it: writing a million endpoints takes long enough to delay the
+/// next change, and a burst of changes needs only its last set on disk (the watch channel keeps
+/// only the newest). A set already written (same snapshot version) is not written again; the set
+/// restored from `path` at start is written back once.
+pub async fn keep_saved(
+    path: PathBuf,
+    mut snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+    shutdown: CancellationToken,
+) {
+    let mut saved: Option<String> = None;
+    let mut stopping = false;
+    loop {
+        let latest = snapshots.borrow_and_update().clone();
+        if let Some(snapshot) = latest {
+            if saved.as_deref() != Some(snapshot.version.as_str()) {
+                let version = snapshot.version.clone();
+                let at = path.clone();
+                match tokio::task::spawn_blocking(move || save(&at, &snapshot)).await {
+                    Ok(Ok(())) => saved = Some(version),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "Could not save the served set."),
+                    Err(e) => tracing::warn!(error = %e, "Saving the served set failed."),
+                }
+            }
+        }
+        if stopping {
+            return;
+        }
+        stopping = tokio::select! {
+            changed = snapshots.changed() => changed.is_err(),
+            _ = shutdown.cancelled() => true,
+        };
+    }
 }
 
 /// Reads the snapshot saved at `path`; `None` if there is no file.
@@ -166,6 +208,40 @@ mod tests {
         std::fs::write(&path, cut).expect("write");
         let err = load(&path).expect_err("cut short").to_string();
         assert!(err.contains("cut short"), "{err}");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// The saver writes what is published without the writer waiting, and on shutdown writes the
+    /// newest set even if it arrived in the same instant.
+    #[tokio::test]
+    async fn keeps_the_newest_published_set_and_writes_the_last_on_shutdown() {
+        let path = temp("keep");
+        let _ = std::fs::remove_file(&path);
+        let first = snapshot();
+        let (tx, rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+        let saver = tokio::spawn(keep_saved(path.clone(), rx, stop.clone()));
+        tx.send_replace(Some(Arc::clone(&first)));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while load(&path).ok().flatten().map(|s| s.version) != Some(first.version.clone()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "first set never saved"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mut idx = Index::new(
+            crate::translate::test_config(crate::cli::OnEmpty::Keep, crate::vip::VipCidr::Off),
+            Metrics::new("test").expect("metrics"),
+        );
+        idx.apply(RegistryEvent::Reset(vec![mk_service("c", 3)]));
+        let last = idx.flush().expect("snapshot");
+        tx.send_replace(Some(Arc::clone(&last)));
+        stop.cancel();
+        saver.await.expect("saver ends on shutdown");
+        let back = load(&path).expect("read").expect("present");
+        assert_eq!(back.version, last.version, "the newest set is on disk");
+        assert!(back.iter().eq(last.iter()));
         let _ = std::fs::remove_file(&path);
     }
 }
