@@ -9,6 +9,9 @@
 
 mod body;
 mod entries;
+/// An entry with no body, for tests that only look at names and versions.
+#[cfg(test)]
+pub(crate) use entries::tests::mk_entry;
 mod snapshot;
 pub mod state_file;
 

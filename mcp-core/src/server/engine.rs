@@ -486,8 +486,7 @@ fn filtered(snapshot: &Arc<Snapshot>, sub: &Subscription) -> Arc<Snapshot> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::Summary;
-    use bytes::Bytes;
+    use crate::cache::mk_entry;
 
     const SE: &str = "networking.istio.io/v1/ServiceEntry";
 
@@ -497,22 +496,7 @@ mod tests {
 
     fn mk_snapshot(items: &[(&str, &str)]) -> Arc<Snapshot> {
         Arc::new(Snapshot::new(
-            items
-                .iter()
-                .map(|(n, v)| {
-                    Arc::new(Entry {
-                        name: (*n).into(),
-                        version: (*v).into(),
-                        resource: Bytes::new(),
-                        summary: Summary {
-                            hosts: vec![],
-                            ports: 0,
-                            endpoints: 0,
-                            create_time: 0,
-                        },
-                    })
-                })
-                .collect(),
+            items.iter().map(|(n, v)| mk_entry(n, v)).collect(),
         ))
     }
 
