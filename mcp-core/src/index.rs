@@ -358,14 +358,15 @@ impl Index {
             if keys.remove(key).is_none() {
                 return;
             }
-            if keys.len() < 2 && self.collided.remove(name) {
-                self.quarantine_dirty = true;
-            } else if keys.len() > 1 {
-                // Another loser left, or the winner did.
-                self.quarantine_dirty = true;
-            }
             if keys.is_empty() {
                 self.claims.remove(name);
+            } else {
+                // The name was collided: a loser left quarantine, or the winner left and a
+                // loser takes its place.
+                self.quarantine_dirty = true;
+                if keys.len() == 1 {
+                    self.collided.remove(name);
+                }
             }
             self.mark_dirty(Arc::clone(name));
         }
