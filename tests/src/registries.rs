@@ -1,0 +1,525 @@
+//! Every registry driven the same way, each with its adapter reading it (default flags, but
+//! for the poll periods of the two registries that have no watch): an instance is registered,
+//! made unhealthy and deregistered the way that registry's own clients do it, so that a test
+//! or bench can run one scenario over all five.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde_json::{json, Value};
+
+use crate::consul::Consul;
+use crate::eureka::{Eureka, Instance as EurekaInstance};
+use crate::kube::{not_ready, ready, service as kube_service, slice, KubeApiServer};
+use crate::zookeeper::{provider_path, Writer, ZooKeeper};
+use crate::Adapter;
+
+/// One instance of a service.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    /// Its id in the registry (unique per service; DNS-label characters).
+    pub id: String,
+    /// Where it listens (a `127.0.x.y` address, the service's port).
+    pub addr: SocketAddr,
+    /// Its `version` label (a DestinationRule subset selects on it), if any.
+    pub version: Option<String>,
+    /// Healthy (passing, UP, ready); an unhealthy instance stays registered.
+    pub healthy: bool,
+}
+
+impl Instance {
+    /// A healthy instance without a version.
+    pub fn new(id: &str, addr: SocketAddr) -> Instance {
+        Instance {
+            id: id.to_string(),
+            addr,
+            version: None,
+            healthy: true,
+        }
+    }
+
+    /// The same with a `version` label.
+    pub fn version(mut self, v: &str) -> Instance {
+        self.version = Some(v.to_string());
+        self
+    }
+
+    /// The same, unhealthy.
+    pub fn unhealthy(mut self) -> Instance {
+        self.healthy = false;
+        self
+    }
+
+    fn ip(&self) -> String {
+        self.addr.ip().to_string()
+    }
+}
+
+/// A registry and the adapter that serves it.
+pub trait Registry: Send {
+    /// `file`, `consul`, `zookeeper`, `eureka`, `kubernetes`.
+    fn kind(&self) -> &'static str;
+    /// The adapter reading it.
+    fn adapter(&self) -> &Adapter;
+    /// The namespace of the ServiceEntries the adapter makes of it.
+    fn namespace(&self) -> String;
+    /// The host that the ServiceEntry of `service` has (what clients put in `Host:`).
+    fn host(&self, service: &str) -> String;
+    /// Registers `inst` under `service` (or changes it: its health, its version).
+    fn register(&mut self, service: &str, inst: &Instance);
+    /// Removes instance `id` of `service` from the registry.
+    fn deregister(&mut self, service: &str, id: &str);
+}
+
+/// adapter-file on an inventory file rewritten (atomically) at every change, polled every
+/// 100 ms. Files know no health: an unhealthy instance is left out of the file.
+pub struct FileRegistry {
+    dir: tempfile::TempDir,
+    port: u16,
+    services: BTreeMap<String, BTreeMap<String, Instance>>,
+    adapter: Adapter,
+}
+
+impl FileRegistry {
+    /// Serves services on `port` from an inventory in a new directory (empty at first).
+    pub fn start(port: u16) -> FileRegistry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().display().to_string();
+        let adapter = Adapter::start(
+            "adapter-file",
+            &["--path", path.as_str(), "--poll-interval", "100ms"],
+        );
+        let r = FileRegistry {
+            dir,
+            port,
+            services: BTreeMap::new(),
+            adapter,
+        };
+        r.write();
+        r
+    }
+
+    /// Another file beside the inventory (e.g. an Istio ServiceEntry YAML).
+    pub fn write_file(&self, name: &str, content: &str) {
+        let tmp = self.dir.path().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, content).expect("write file");
+        std::fs::rename(&tmp, self.dir.path().join(name)).expect("rename file");
+    }
+
+    fn write(&self) {
+        let services: Vec<Value> = self
+            .services
+            .iter()
+            .map(|(name, insts)| {
+                json!({
+                    "name": name,
+                    "hosts": [self.host(name)],
+                    "ports": {"http": self.port},
+                    "endpoints": insts.values().filter(|i| i.healthy).map(|i| {
+                        let mut e = json!({"address": i.ip()});
+                        if let Some(v) = &i.version {
+                            e["labels"] = json!({"version": v});
+                        }
+                        e
+                    }).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let doc = json!({
+            "apiVersion": "mcp-adapter/v1", "kind": "Inventory",
+            "namespace": self.namespace(), "services": services,
+        });
+        // JSON is YAML; a rename makes the change atomic for the poller.
+        self.write_file("inventory.yaml", &doc.to_string());
+    }
+}
+
+impl Registry for FileRegistry {
+    fn kind(&self) -> &'static str {
+        "file"
+    }
+    fn adapter(&self) -> &Adapter {
+        &self.adapter
+    }
+    fn namespace(&self) -> String {
+        "inventory".into()
+    }
+    fn host(&self, service: &str) -> String {
+        format!("{service}.inventory.internal")
+    }
+    fn register(&mut self, service: &str, inst: &Instance) {
+        self.services
+            .entry(service.to_string())
+            .or_default()
+            .insert(inst.id.clone(), inst.clone());
+        self.write();
+    }
+    fn deregister(&mut self, service: &str, id: &str) {
+        if let Some(s) = self.services.get_mut(service) {
+            s.remove(id);
+        }
+        self.write();
+    }
+}
+
+/// adapter-consul (default flags but one, see [`ConsulRegistry::start`]) on a real Consul agent; instances live on node `n1` with one
+/// check each, `protocol: http` and their version in the service meta.
+pub struct ConsulRegistry {
+    /// The agent.
+    pub consul: Consul,
+    adapter: Adapter,
+}
+
+impl ConsulRegistry {
+    /// Starts an agent and the adapter. Consul's own `consul` service (the servers' RPC port)
+    /// is left out, as a mesh would: a sidecar without capture binds every TCP service port on
+    /// 127.0.0.1, and here Consul itself holds that port on the same loopback.
+    pub fn start() -> ConsulRegistry {
+        let consul = Consul::start(None);
+        let addr = consul.addr();
+        let adapter = Adapter::start(
+            "adapter-consul",
+            &[
+                "--consul-addr",
+                addr.as_str(),
+                "--exclude-service",
+                "consul",
+            ],
+        );
+        ConsulRegistry { consul, adapter }
+    }
+}
+
+impl Registry for ConsulRegistry {
+    fn kind(&self) -> &'static str {
+        "consul"
+    }
+    fn adapter(&self) -> &Adapter {
+        &self.adapter
+    }
+    fn namespace(&self) -> String {
+        "consul".into()
+    }
+    fn host(&self, service: &str) -> String {
+        format!("{service}.service.consul")
+    }
+    fn register(&mut self, service: &str, inst: &Instance) {
+        let mut meta = vec![("protocol", "http")];
+        if let Some(v) = &inst.version {
+            meta.push(("version", v));
+        }
+        self.consul.register(
+            "n1",
+            service,
+            &inst.id,
+            &inst.ip(),
+            inst.addr.port(),
+            &[],
+            &meta,
+            if inst.healthy { "passing" } else { "critical" },
+        );
+    }
+    fn deregister(&mut self, _service: &str, id: &str) {
+        self.consul.deregister("n1", id);
+    }
+}
+
+/// adapter-zookeeper (default flags) on a real ZooKeeper: Spring Cloud Zookeeper (Curator)
+/// instances as ephemeral znodes of one session, and Dubbo providers.
+pub struct ZkRegistry {
+    /// The server.
+    pub zk: ZooKeeper,
+    /// The session that owns the instances.
+    pub writer: Writer,
+    adapter: Adapter,
+}
+
+impl ZkRegistry {
+    /// Starts a server, a writer session and the adapter.
+    pub fn start() -> ZkRegistry {
+        let zk = ZooKeeper::start();
+        let writer = Writer::start(&zk);
+        let servers = zk.servers();
+        let adapter = Adapter::start("adapter-zookeeper", &["--zk-servers", servers.as_str()]);
+        ZkRegistry {
+            zk,
+            writer,
+            adapter,
+        }
+    }
+
+    /// Registers a Dubbo provider of `interface` listening on `addr` (a `dubbo://` URL under
+    /// `/dubbo/{interface}/providers`), with Dubbo's `version` parameter.
+    pub fn dubbo_provider(&mut self, interface: &str, addr: SocketAddr, version: &str) {
+        self.writer.create_e(
+            &provider_path(
+                interface,
+                &format!(
+                    "dubbo://{addr}/{interface}?application=demo&interface={interface}&methods=hello&side=provider&dubbo=2.0.2&version={version}"
+                ),
+            ),
+            "",
+        );
+    }
+
+    /// The host Dubbo interface `interface` is served under.
+    pub fn dubbo_host(interface: &str) -> String {
+        format!("{}.zookeeper", interface.to_lowercase())
+    }
+}
+
+/// A Spring Cloud Zookeeper registration (Curator's `ServiceInstance` JSON).
+pub fn curator_instance(service: &str, inst: &Instance) -> String {
+    let mut metadata = json!({
+        "instance_status": if inst.healthy { "UP" } else { "OUT_OF_SERVICE" },
+    });
+    if let Some(v) = &inst.version {
+        metadata["version"] = json!(v);
+    }
+    json!({
+        "name": service, "id": inst.id, "address": inst.ip(), "port": inst.addr.port(),
+        "sslPort": null,
+        "payload": {
+            "@class": "org.springframework.cloud.zookeeper.discovery.ZookeeperInstance",
+            "id": service, "name": service, "metadata": metadata,
+        },
+        "registrationTimeUTC": 1_700_000_000_000u64, "serviceType": "DYNAMIC", "uriSpec": null,
+    })
+    .to_string()
+}
+
+impl Registry for ZkRegistry {
+    fn kind(&self) -> &'static str {
+        "zookeeper"
+    }
+    fn adapter(&self) -> &Adapter {
+        &self.adapter
+    }
+    fn namespace(&self) -> String {
+        "zookeeper".into()
+    }
+    fn host(&self, service: &str) -> String {
+        format!("{service}.zookeeper")
+    }
+    fn register(&mut self, service: &str, inst: &Instance) {
+        self.writer.create_e(
+            &format!("/services/{service}/{}", inst.id),
+            &curator_instance(service, inst),
+        );
+    }
+    fn deregister(&mut self, service: &str, id: &str) {
+        self.writer.delete(&format!("/services/{service}/{id}"));
+    }
+}
+
+/// adapter-eureka on a real Spring Cloud Eureka server, polling deltas every second (its
+/// shortest `--refresh-interval`; Eureka has no watch). The version is instance metadata;
+/// an unhealthy instance is DOWN.
+pub struct EurekaRegistry {
+    /// The server.
+    pub eureka: Eureka,
+    adapter: Adapter,
+}
+
+impl EurekaRegistry {
+    /// Starts a server and the adapter.
+    pub fn start() -> EurekaRegistry {
+        let eureka = Eureka::start();
+        let url = eureka.url();
+        let adapter = Adapter::start(
+            "adapter-eureka",
+            &["--eureka-url", url.as_str(), "--refresh-interval", "1s"],
+        );
+        EurekaRegistry { eureka, adapter }
+    }
+}
+
+impl Registry for EurekaRegistry {
+    fn kind(&self) -> &'static str {
+        "eureka"
+    }
+    fn adapter(&self) -> &Adapter {
+        &self.adapter
+    }
+    fn namespace(&self) -> String {
+        "eureka".into()
+    }
+    fn host(&self, service: &str) -> String {
+        format!("{service}.eureka")
+    }
+    fn register(&mut self, service: &str, inst: &Instance) {
+        let mut i = EurekaInstance::new(service, &inst.id, &inst.ip(), inst.addr.port());
+        if let Some(v) = &inst.version {
+            i.metadata.push(("version".into(), v.clone()));
+        }
+        if !inst.healthy {
+            i.status = "DOWN".into();
+        }
+        self.eureka.register(&i);
+    }
+    fn deregister(&mut self, service: &str, id: &str) {
+        self.eureka.deregister(service, id);
+    }
+}
+
+/// adapter-kube (`--read-pods`, so pod labels become endpoint labels) on another cluster's
+/// API server: each service a selector-less Service in namespace `store` whose one
+/// EndpointSlice is rewritten at every change, as the EndpointSlice controller does; each
+/// instance a Pod (never scheduled: no kubelet) carrying its `version` label.
+pub struct KubeRegistry {
+    /// The watched cluster's API server.
+    pub kube: KubeApiServer,
+    port: u16,
+    services: BTreeMap<String, BTreeMap<String, Instance>>,
+    adapter: Adapter,
+}
+
+impl KubeRegistry {
+    /// Starts an API server (the remote cluster) and the adapter.
+    pub fn start(port: u16) -> KubeRegistry {
+        let kube = KubeApiServer::start();
+        kube.namespace("store");
+        let kubeconfig = kube.kubeconfig().display().to_string();
+        let adapter = Adapter::start(
+            "adapter-kube",
+            &["--kubeconfig", kubeconfig.as_str(), "--read-pods"],
+        );
+        KubeRegistry {
+            kube,
+            port,
+            services: BTreeMap::new(),
+            adapter,
+        }
+    }
+
+    fn write_slice(&self, service: &str) {
+        let insts = self.services.get(service).cloned().unwrap_or_default();
+        let endpoints = insts
+            .values()
+            .map(|i| {
+                let mut e = if i.healthy {
+                    ready(&i.ip())
+                } else {
+                    not_ready(&i.ip())
+                };
+                e["targetRef"] = json!({"kind": "Pod", "name": format!("{service}-{}", i.id), "namespace": "store"});
+                e
+            })
+            .collect();
+        self.kube.apply_slice(&slice(
+            "store",
+            &format!("{service}-1"),
+            service,
+            "IPv4",
+            &[("http", self.port)],
+            endpoints,
+        ));
+    }
+}
+
+impl Registry for KubeRegistry {
+    fn kind(&self) -> &'static str {
+        "kubernetes"
+    }
+    fn adapter(&self) -> &Adapter {
+        &self.adapter
+    }
+    fn namespace(&self) -> String {
+        "store".into()
+    }
+    fn host(&self, service: &str) -> String {
+        format!("{service}.store.svc.cluster.local")
+    }
+    fn register(&mut self, service: &str, inst: &Instance) {
+        if !self.services.contains_key(service) {
+            self.kube.apply_service(&kube_service(
+                "store",
+                service,
+                &[("http", self.port, self.port)],
+            ));
+        }
+        let mut labels = json!({"app": service});
+        if let Some(v) = &inst.version {
+            labels["version"] = json!(v);
+        }
+        self.kube.apply(
+            "/api/v1/namespaces/store/pods",
+            &json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": format!("{service}-{}", inst.id), "namespace": "store",
+                                 "labels": labels},
+                    "spec": {"automountServiceAccountToken": false,
+                             "containers": [{"name": "app", "image": "example.invalid/app:1"}]}}),
+        );
+        self.services
+            .entry(service.to_string())
+            .or_default()
+            .insert(inst.id.clone(), inst.clone());
+        self.write_slice(service);
+    }
+    fn deregister(&mut self, service: &str, id: &str) {
+        if let Some(s) = self.services.get_mut(service) {
+            s.remove(id);
+        }
+        self.write_slice(service);
+        self.kube
+            .delete(&format!("/api/v1/namespaces/store/pods/{service}-{id}"));
+    }
+}
+
+/// One of each registry, each with its adapter, HTTP services on `port`.
+pub struct Registries {
+    /// adapter-file.
+    pub file: FileRegistry,
+    /// adapter-consul.
+    pub consul: ConsulRegistry,
+    /// adapter-zookeeper.
+    pub zk: ZkRegistry,
+    /// adapter-eureka.
+    pub eureka: EurekaRegistry,
+    /// adapter-kube on another cluster.
+    pub kube: KubeRegistry,
+}
+
+impl Registries {
+    /// Starts all five side by side (Eureka's JVM takes the longest), and `also` beside them;
+    /// its result comes back with them.
+    pub fn start_with<T: Send>(port: u16, also: impl FnOnce() -> T + Send) -> (Registries, T) {
+        std::thread::scope(|s| {
+            let also = s.spawn(also);
+            let file = s.spawn(|| FileRegistry::start(port));
+            let consul = s.spawn(ConsulRegistry::start);
+            let zk = s.spawn(ZkRegistry::start);
+            let eureka = s.spawn(EurekaRegistry::start);
+            let kube = s.spawn(|| KubeRegistry::start(port));
+            let regs = Registries {
+                file: file.join().expect("file registry"),
+                consul: consul.join().expect("consul registry"),
+                zk: zk.join().expect("zookeeper registry"),
+                eureka: eureka.join().expect("eureka registry"),
+                kube: kube.join().expect("kubernetes registry"),
+            };
+            (regs, also.join().expect("started beside the registries"))
+        })
+    }
+
+    /// Every registry, in a fixed order (file, Consul, ZooKeeper, Eureka, Kubernetes).
+    pub fn all(&self) -> [&dyn Registry; 5] {
+        [&self.file, &self.consul, &self.zk, &self.eureka, &self.kube]
+    }
+
+    /// [`Registries::all`], to change them.
+    pub fn all_mut(&mut self) -> [&mut dyn Registry; 5] {
+        [
+            &mut self.file,
+            &mut self.consul,
+            &mut self.zk,
+            &mut self.eureka,
+            &mut self.kube,
+        ]
+    }
+
+    /// Every adapter's gRPC address (what istiod's `configSources` list).
+    pub fn sources(&self) -> Vec<SocketAddr> {
+        self.all().iter().map(|r| r.adapter().grpc).collect()
+    }
+}
