@@ -25,7 +25,7 @@ use hdrhistogram::Histogram;
 use mcpctl::sink::{Sink, SinkOptions};
 use serde_json::{json, Value};
 
-use e2e::backend::{Backend, Hits};
+use e2e::backend::Backend;
 use e2e::istiod::IstiodConfig;
 use e2e::kube::KubeApiServer;
 use e2e::load::Load;

@@ -1,7 +1,8 @@
-//! The services behind the mesh: small HTTP and TCP servers on their own loopback addresses
-//! (`127.0.x.y`, never `127.0.0.1`, where a sidecar without iptables binds the service ports),
-//! each answering with its name and remembering when every request reached it, so a test can
-//! say which instance a request went to and when traffic to an instance started and stopped.
+//! The services behind the mesh: small HTTP and TCP servers on addresses of their own (the
+//! traffic tests' pod network `10.77.x.y`, see `netns`; never 127.0.0.1, where a sidecar without
+//! iptables binds the service ports), each answering with its name and remembering when every
+//! request reached it, so a test can say which instance a request went to and when traffic to an
+//! instance started and stopped.
 //!
 //! [`Backend::stop`] shuts down the way a real server does on SIGTERM: it stops accepting at
 //! once (a new connection is refused, which the proxy retries on another instance), answers a
@@ -46,32 +47,6 @@ impl Shared {
             .lock()
             .expect("stopped_at")
             .is_some_and(|t| t.elapsed() >= DRAIN)
-    }
-}
-
-/// The hits of a backend: what a test asks about traffic that reached it.
-pub trait Hits {
-    /// Every request (HTTP) or connection (TCP) that reached it, in order.
-    fn hits(&self) -> Vec<Instant>;
-
-    /// Requests that reached it.
-    fn count(&self) -> usize {
-        self.hits().len()
-    }
-
-    /// Requests that reached it at or after `t`.
-    fn count_since(&self, t: Instant) -> usize {
-        self.hits().iter().filter(|h| **h >= t).count()
-    }
-
-    /// The last request that reached it.
-    fn last_hit(&self) -> Option<Instant> {
-        self.hits().last().copied()
-    }
-
-    /// The first request that reached it at or after `t`.
-    fn first_hit_since(&self, t: Instant) -> Option<Instant> {
-        self.hits().into_iter().find(|h| *h >= t)
     }
 }
 
@@ -163,9 +138,31 @@ impl Backend {
     }
 }
 
-impl Hits for Backend {
-    fn hits(&self) -> Vec<Instant> {
+/// What a test asks about the traffic that reached a backend.
+impl Backend {
+    /// Every request (HTTP) or connection (TCP) that reached it, in order.
+    pub fn hits(&self) -> Vec<Instant> {
         self.shared.hits.lock().expect("hits").clone()
+    }
+
+    /// Requests that reached it.
+    pub fn count(&self) -> usize {
+        self.hits().len()
+    }
+
+    /// Requests that reached it at or after `t`.
+    pub fn count_since(&self, t: Instant) -> usize {
+        self.hits().iter().filter(|h| **h >= t).count()
+    }
+
+    /// The last request that reached it.
+    pub fn last_hit(&self) -> Option<Instant> {
+        self.hits().last().copied()
+    }
+
+    /// The first request that reached it at or after `t`.
+    pub fn first_hit_since(&self, t: Instant) -> Option<Instant> {
+        self.hits().into_iter().find(|h| *h >= t)
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use e2e::backend::{Backend, Hits};
+use e2e::backend::Backend;
 use e2e::envoy::{Envoy, Interception};
 use e2e::forwarder::Forwarder;
 use e2e::kube::KubeApiServer;
