@@ -22,6 +22,7 @@ pub mod server;
 pub mod shard;
 pub mod status;
 pub mod telemetry;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod translate;
 pub mod vip;

@@ -1,7 +1,7 @@
 //! Test support: a registry driven by the test, and model builders.
 //!
-//! Used by the conformance tests and the benchmarks; small enough to ship in the library so that
-//! adapter crates can use it in their own tests.
+//! Used by the conformance tests and the benchmarks, behind the `testing` feature (and in this
+//! crate's unit tests): never compiled into an adapter's binary.
 
 use std::sync::{Arc, Mutex};
 
