@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mcp_core::telemetry::error_chain;
 use reqwest::StatusCode;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use tokio::sync::Semaphore;
@@ -386,17 +387,6 @@ pub fn index_of(header: Option<i128>) -> u64 {
         Some(i) if i >= 1 => u64::try_from(i).unwrap_or(u64::MAX),
         _ => 1,
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Percent-encodes a path segment (service names may hold any character).

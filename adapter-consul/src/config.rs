@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::cli::parse_duration;
+use mcp_core::parse;
 
 /// Consul connection and selection settings.
 #[derive(Clone, Debug, clap::Args)]
@@ -29,7 +29,7 @@ pub struct ConsulConfig {
 
     /// Use HTTPS even when the address has no `https://` scheme (the consul CLI's
     /// `CONSUL_HTTP_SSL`; `true`/`false`, `1`/`0`, `t`/`f` as Go parses booleans).
-    #[arg(long = "consul-http-ssl", env = "CONSUL_HTTP_SSL", value_parser = parse_go_bool)]
+    #[arg(long = "consul-http-ssl", env = "CONSUL_HTTP_SSL", value_parser = parse::go_bool)]
     pub ssl: Option<bool>,
 
     /// Verify Consul's HTTPS certificate (`CONSUL_HTTP_SSL_VERIFY=false` turns it off, as for
@@ -37,7 +37,7 @@ pub struct ConsulConfig {
     #[arg(
         long = "consul-http-ssl-verify",
         env = "CONSUL_HTTP_SSL_VERIFY",
-        value_parser = parse_go_bool,
+        value_parser = parse::go_bool,
         default_value = "true"
     )]
     pub ssl_verify: bool,
@@ -108,7 +108,7 @@ pub struct ConsulConfig {
     pub host_datacenter: bool,
 
     /// Longest a blocking query waits for a change (Consul caps it at 10m).
-    #[arg(long = "consul-wait", env = "MCP_CONSUL_WAIT", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long = "consul-wait", env = "MCP_CONSUL_WAIT", default_value = "5m", value_parser = parse::duration)]
     pub wait: Duration,
 
     /// Most requests in flight to Consul besides the three change watches (clamped to
@@ -125,25 +125,3 @@ pub struct ConsulConfig {
 
 /// Most requests in flight, whatever `--consul-concurrency` says.
 pub const MAX_CONCURRENCY: usize = 128;
-
-/// Parses a boolean the way Go's `strconv.ParseBool` does (what the consul CLI uses for its
-/// environment variables).
-pub fn parse_go_bool(s: &str) -> Result<bool, String> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(format!("{s:?} is not a boolean (true/false, 1/0, t/f)")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn booleans_as_go_parses_them() {
-        assert_eq!(parse_go_bool("TRUE"), Ok(true));
-        assert_eq!(parse_go_bool("0"), Ok(false));
-        assert!(parse_go_bool("yes").is_err());
-    }
-}

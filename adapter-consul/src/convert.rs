@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
+use mcp_core::parse::truthy;
 use mcp_core::translate::naming::{canonical_protocol, map_dns_name};
 use mcp_core::{Endpoint, Host, Labels, Location, Port, Service, ServiceKey, SharedStr};
 use serde::Deserialize;
@@ -135,10 +136,6 @@ fn health(checks: &[Check]) -> Health {
         .unwrap_or(Health::Passing)
 }
 
-fn truthy(v: &str) -> bool {
-    !v.is_empty() && !matches!(v.to_ascii_lowercase().as_str(), "false" | "0" | "no")
-}
-
 /// Labels of one instance: `key|value` and `key=value` tags, then meta (meta wins).
 fn labels(inst: &Instance) -> Labels {
     let mut out = Labels::new();
@@ -259,7 +256,7 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
             .meta
             .as_ref()
             .and_then(|m| m.get("external"))
-            .is_some_and(|v| truthy(v));
+            .is_some_and(|v| truthy(v).unwrap_or(!v.is_empty()));
         if datacenter.is_empty() {
             datacenter.clone_from(&e.node.datacenter);
         }

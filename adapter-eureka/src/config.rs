@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::cli::parse_duration;
+use mcp_core::parse;
 
 /// Eureka connection and selection settings.
 #[derive(Clone, Debug, clap::Args)]
@@ -24,20 +24,20 @@ pub struct EurekaConfig {
     pub urls: Vec<String>,
 
     /// How often `/apps/delta` is polled (at least 1s).
-    #[arg(long, env = "MCP_EUREKA_REFRESH_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_EUREKA_REFRESH_INTERVAL", default_value = "5s", value_parser = parse::duration)]
     pub refresh_interval: Duration,
 
     /// Longest one request to Eureka may take.
-    #[arg(long = "eureka-timeout", env = "MCP_EUREKA_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long = "eureka-timeout", env = "MCP_EUREKA_TIMEOUT", default_value = "10s", value_parser = parse::duration)]
     pub timeout: Duration,
 
     /// How long a fallback server is used before the first (preferred) URL is tried again.
-    #[arg(long, env = "MCP_EUREKA_FAILBACK_AFTER", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_EUREKA_FAILBACK_AFTER", default_value = "60s", value_parser = parse::duration)]
     pub failback_after: Duration,
 
     /// After a server switch or a server restart, a registry that shrank to nothing is not
     /// served for this long (Eureka servers start empty and fill as clients re-register).
-    #[arg(long, env = "MCP_EUREKA_STARTUP_GRACE", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_EUREKA_STARTUP_GRACE", default_value = "60s", value_parser = parse::duration)]
     pub startup_grace: Duration,
 
     /// File holding `user:password` for basic auth (or set EUREKA_USERNAME and EUREKA_PASSWORD).

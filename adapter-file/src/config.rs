@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::cli::parse_duration;
+use mcp_core::parse;
 
 /// What to watch, how often, and how far to trust what is found there.
 #[derive(Clone, Debug, clap::Args)]
@@ -26,7 +26,7 @@ pub struct FileConfig {
         long,
         env = "MCP_FILE_POLL_INTERVAL",
         default_value = "1s",
-        value_parser = parse_duration
+        value_parser = parse::duration
     )]
     pub poll_interval: Duration,
 
@@ -37,7 +37,7 @@ pub struct FileConfig {
         long,
         env = "MCP_FILE_READ_TIMEOUT",
         default_value = "5s",
-        value_parser = parse_duration
+        value_parser = parse::duration
     )]
     pub read_timeout: Duration,
 
@@ -47,7 +47,7 @@ pub struct FileConfig {
         long,
         env = "MCP_FILE_MAX_SIZE",
         default_value = "16MiB",
-        value_parser = parse_size
+        value_parser = parse::size
     )]
     pub max_file_size: u64,
 
@@ -59,7 +59,7 @@ pub struct FileConfig {
         long,
         env = "MCP_FILE_SETTLE_TIME",
         default_value = "2s",
-        value_parser = parse_duration
+        value_parser = parse::duration
     )]
     pub settle_time: Duration,
 }
@@ -88,7 +88,7 @@ impl FileConfig {
             paths,
             poll_interval: Duration::from_secs(1),
             read_timeout: Duration::from_secs(5),
-            max_file_size: 16 * MIB,
+            max_file_size: 16 << 20,
             settle_time: Duration::from_secs(2),
         }
     }
@@ -108,44 +108,6 @@ impl FileConfig {
             return Err(ConfigError::ZeroMaxFileSize);
         }
         Ok(())
-    }
-}
-
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
-const GIB: u64 = 1024 * MIB;
-
-/// Parses a byte count: `1048576`, `512KiB`, `16MiB`, `1GiB` (`K`, `M`, `G`, `KB`, `MB`, `GB`
-/// mean the same binary units: nobody sizes configuration files in powers of ten).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (e.g. 16MiB, 512KiB, 1048576)"))?;
-    let unit = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => KIB,
-        "m" | "mb" | "mib" => MIB,
-        "g" | "gb" | "gib" => GIB,
-        other => {
-            return Err(format!(
-                "unknown size unit `{other}` in `{s}` (use KiB, MiB, GiB)"
-            ))
-        }
-    };
-    n.checked_mul(unit)
-        .ok_or_else(|| format!("`{s}` is too large"))
-}
-
-/// Formats a byte count the way [`parse_size`] reads it, for messages (`16 MiB`).
-pub fn format_size(n: u64) -> String {
-    match n {
-        n if n >= GIB && n % GIB == 0 => format!("{} GiB", n / GIB),
-        n if n >= MIB && n % MIB == 0 => format!("{} MiB", n / MIB),
-        n if n >= KIB && n % KIB == 0 => format!("{} KiB", n / KIB),
-        n => format!("{n} bytes"),
     }
 }
 
@@ -217,18 +179,5 @@ mod tests {
             ..FileConfig::new(vec!["a".into()])
         };
         assert_eq!(config.validate(), Err(ConfigError::ZeroMaxFileSize));
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1048576"), Ok(MIB));
-        assert_eq!(parse_size("16MiB"), Ok(16 * MIB));
-        assert_eq!(parse_size("512 KiB"), Ok(512 * KIB));
-        assert_eq!(parse_size("1g"), Ok(GIB));
-        assert!(parse_size("MiB").is_err());
-        assert!(parse_size("12 parsecs").is_err());
-        assert!(parse_size("99999999999999GiB").is_err());
-        assert_eq!(format_size(16 * MIB), "16 MiB");
-        assert_eq!(format_size(1500), "1500 bytes");
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::config::format_size;
+use mcp_core::parse::format_size;
 
 /// Why a file's text could not be obtained. Shown after `file <path>: `.
 #[derive(Debug, thiserror::Error)]

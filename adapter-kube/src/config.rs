@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::cli::parse_duration;
+use mcp_core::parse;
 
 /// How a headless Service (`clusterIP: None`) is served.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -76,7 +76,7 @@ pub struct KubeConfig {
 
     /// How long one watch request lasts before it is renewed from its last resource version
     /// (the API server ends it then; kube-runtime's default).
-    #[arg(long, env = "MCP_KUBE_WATCH_TIMEOUT", default_value = "290s", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_KUBE_WATCH_TIMEOUT", default_value = "290s", value_parser = parse::duration)]
     pub watch_timeout: Duration,
 
     /// Trust domain of the watched cluster's workload identities, for subjectAltNames

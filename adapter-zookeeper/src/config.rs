@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::cli::parse_duration;
+use mcp_core::parse;
 
 /// Which ZooKeeper layouts to read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -47,7 +47,7 @@ pub struct ZookeeperConfig {
     pub zk_servers: String,
 
     /// Session timeout asked from the server (it clamps it to its min/max).
-    #[arg(long, env = "ZK_SESSION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "ZK_SESSION_TIMEOUT", default_value = "10s", value_parser = parse::duration)]
     pub zk_session_timeout: Duration,
 
     /// File holding digest credentials `user:password` (may also come from ZK_DIGEST).
@@ -64,11 +64,11 @@ pub struct ZookeeperConfig {
     pub roots: Vec<String>,
 
     /// Re-list everything this often even without watch events (watches are only hints).
-    #[arg(long, env = "MCP_ZK_RESYNC_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_ZK_RESYNC_INTERVAL", default_value = "60s", value_parser = parse::duration)]
     pub resync_interval: Duration,
 
     /// Longest time one ZooKeeper request may take before the watch is restarted.
-    #[arg(long, env = "MCP_ZK_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_ZK_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse::duration)]
     pub zk_request_timeout: Duration,
 
     /// How many znodes are read at once when listing.

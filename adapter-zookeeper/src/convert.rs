@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use mcp_core::parse::truthy;
 use mcp_core::translate::naming::{canonical_protocol, check_label_key, check_label_value};
 use mcp_core::{Endpoint, Host, LabelSet, Labels, Port, Service, ServiceKey};
 use serde::Deserialize;
@@ -197,10 +198,6 @@ fn falsy(v: &str) -> bool {
     matches!(v.trim().to_ascii_lowercase().as_str(), "false" | "0" | "no")
 }
 
-fn truthy(v: &str) -> bool {
-    matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1" | "yes")
-}
-
 fn parse_weight(v: Option<&String>) -> Option<u32> {
     v.and_then(|w| w.trim().parse::<u32>().ok())
         .filter(|w| *w > 0)
@@ -326,7 +323,10 @@ pub fn convert_dubbo(
             }
         };
         if url.params.get("enabled").is_some_and(|v| falsy(v))
-            || url.params.get("disabled").is_some_and(|v| truthy(v))
+            || url
+                .params
+                .get("disabled")
+                .is_some_and(|v| truthy(v) == Some(true))
         {
             continue;
         }

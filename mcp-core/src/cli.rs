@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::filter::NameFilter;
+use crate::parse;
 use crate::shard::{Shard, ShardIndex};
 use crate::vip::VipCidr;
 
@@ -61,7 +62,7 @@ pub struct CommonArgs {
     pub source_name: Option<String>,
 
     /// Longest time changes are collected before one push (`20ms`, `1s`; `0` pushes at once).
-    #[arg(long, env = "MCP_COALESCE", default_value = "20ms", value_parser = parse_duration)]
+    #[arg(long, env = "MCP_COALESCE", default_value = "20ms", value_parser = parse::duration)]
     pub coalesce: Duration,
 
     /// A service with no instances (all gone or unhealthy): `keep` its ServiceEntry with no
@@ -111,7 +112,7 @@ pub struct CommonArgs {
     /// Largest response the sinks accept (`4MiB` for Pilot 1.1-1.7 and istiod 1.8-1.11; istiod
     /// 1.12+ accepts 2 GiB). A larger response is not sent: the stream ends with
     /// RESOURCE_EXHAUSTED, an error is logged and counted. Default: no limit.
-    #[arg(long, env = "MCP_MAX_MESSAGE_SIZE", value_parser = parse_size)]
+    #[arg(long, env = "MCP_MAX_MESSAGE_SIZE", value_parser = message_size)]
     pub max_message_size: Option<usize>,
 
     /// PEM CA bundle: sinks must present a client certificate signed by it.
@@ -132,49 +133,13 @@ impl CommonArgs {
     }
 }
 
-/// Parses a byte count: `4194304`, `512KiB`, `4MiB`, `1GiB`.
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (digits, unit) = t
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((t, ""), |i| t.split_at(i));
-    let n: usize = digits
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected e.g. 4MiB, 512KiB, 4194304"))?;
-    let unit = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "invalid size {s:?}: unit must be B, KiB, MiB or GiB"
-            ))
-        }
-    };
-    n.checked_mul(unit)
-        .filter(|n| *n > 0)
+/// `--max-message-size`: a byte count ([`parse::size`]) above 0 that fits in memory.
+fn message_size(s: &str) -> Result<usize, String> {
+    parse::size(s)?
+        .try_into()
+        .ok()
+        .filter(|n: &usize| *n > 0)
         .ok_or_else(|| format!("invalid size {s:?}: must be above 0 and fit in memory"))
-}
-
-/// Parses `0`, `250ms`, `2s`, `1m`, or a bare number of milliseconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (digits, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, ""), |i| s.split_at(i));
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 20ms, 1s, 0"))?;
-    match unit {
-        "" | "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "us" => Ok(Duration::from_micros(n)),
-        _ => Err(format!(
-            "invalid duration {s:?}: unit must be us, ms, s or m"
-        )),
-    }
 }
 
 #[cfg(test)]
@@ -182,22 +147,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
-        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
-        assert_eq!(parse_size("100"), Ok(100));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("4MB").is_err());
-        assert!(parse_size("big").is_err());
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration("20ms"), Ok(Duration::from_millis(20)));
-        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("15"), Ok(Duration::from_millis(15)));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("3h").is_err());
+    fn message_sizes() {
+        assert_eq!(message_size("4MiB"), Ok(4 << 20));
+        assert_eq!(message_size("100"), Ok(100));
+        assert!(message_size("0").is_err());
+        assert!(message_size("big").is_err());
     }
 }

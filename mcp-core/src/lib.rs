@@ -14,6 +14,7 @@ pub mod filter;
 pub mod index;
 pub mod metrics;
 pub mod model;
+pub mod parse;
 pub mod problems;
 pub mod registry;
 pub mod retry;

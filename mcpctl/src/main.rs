@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use mcp_core::parse;
 use mcpctl::render;
 use mcpctl::sink::{ApiVersion, Received, Sink, SinkOptions, TlsOptions, Update};
 
@@ -47,7 +48,7 @@ struct GetArgs {
     api_version: ApiVersionArg,
     /// How long to wait for the server (and, without --watch, for its first response), e.g.
     /// 10s, 500ms, 2m.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse::duration)]
     timeout: Duration,
     /// Ask a legacy MCP server (mcp://) for incremental responses.
     #[arg(long)]
@@ -84,30 +85,6 @@ enum Output {
 enum ApiVersionArg {
     V1,
     V1alpha3,
-}
-
-/// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s`, or a bare number of seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?} (use e.g. 10s, 500ms, 2m)"))?;
-    let scale = match unit {
-        "" | "s" => 1.0,
-        "ms" => 0.001,
-        "m" => 60.0,
-        "h" => 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit {unit:?} in {s:?} (ms, s, m, h)"
-            ))
-        }
-    };
-    Duration::try_from_secs_f64(n * scale).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
 fn options(args: &GetArgs) -> SinkOptions {
@@ -262,16 +239,6 @@ mod tests {
             json,
             "{\"time\":\"2026-11-22T15:04:05.123Z\",\"version\":\"v9\",\"items\":[]}\n"
         );
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("5d").is_err());
     }
 
     #[test]

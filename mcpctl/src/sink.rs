@@ -17,6 +17,7 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
+use mcp_core::telemetry::error_chain;
 use proto::istio::mcp::v1alpha1::resource_source_client::ResourceSourceClient;
 use proto::istio::mcp::v1alpha1::{RequestResources, Resources, SinkNode};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
@@ -550,21 +551,6 @@ fn stream_error(server: &str, status: &tonic::Status) -> SinkError {
         code: status.code(),
         message: status.message().to_string(),
     }
-}
-
-/// `e` and its sources, since tonic's transport errors say little at the top level.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let msg = c.to_string();
-        if !s.contains(&msg) {
-            s.push_str(": ");
-            s.push_str(&msg);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 async fn read_file(what: &'static str, path: &PathBuf) -> Result<Vec<u8>, SinkError> {
