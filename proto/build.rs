@@ -1,6 +1,6 @@
 //! Generates the Istio MCP / ServiceEntry / google.rpc messages and clients from `proto/`, and the
 //! server halves of the four streaming services from hand-declared methods whose responses are the
-//! shared-bytes wire views in `src/wire.rs` (so one encoded resource is never copied per sink).
+//! shared-bytes wire views in `src/responses.rs` (so one encoded resource is never copied per sink).
 
 use std::path::PathBuf;
 
@@ -49,13 +49,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "stream_aggregated_resources",
                 "StreamAggregatedResources",
                 "::envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest",
-                "crate::wire::DiscoveryResponse",
+                "crate::responses::DiscoveryResponse",
             ))
             .method(bidi(
                 "delta_aggregated_resources",
                 "DeltaAggregatedResources",
                 "::envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest",
-                "crate::wire::DeltaDiscoveryResponse",
+                "crate::responses::DeltaDiscoveryResponse",
             ))
             .build(),
         Service::builder()
@@ -65,7 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "establish_resource_stream",
                 "EstablishResourceStream",
                 "crate::istio::mcp::v1alpha1::RequestResources",
-                "crate::wire::Resources",
+                "crate::responses::Resources",
             ))
             .build(),
         Service::builder()
@@ -75,13 +75,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "stream_aggregated_resources",
                 "StreamAggregatedResources",
                 "crate::istio::mcp::v1alpha1::MeshConfigRequest",
-                "crate::wire::MeshConfigResponse",
+                "crate::responses::MeshConfigResponse",
             ))
             .method(bidi(
                 "incremental_aggregated_resources",
                 "IncrementalAggregatedResources",
                 "crate::istio::mcp::v1alpha1::IncrementalMeshConfigRequest",
-                "crate::wire::IncrementalMeshConfigResponse",
+                "crate::responses::IncrementalMeshConfigResponse",
             ))
             .build(),
     ];

@@ -35,10 +35,10 @@ use mcp_core::server::engine::{Engine, Incremental, Names, Request as EngineRequ
 use mcp_core::testing::{fake_registry, test_args, FakeHandle};
 use mcp_core::translate::TranslateConfig;
 use prost::Message;
+use proto::responses::{DeltaDiscoveryResponse, DeltaResource, DiscoveryResponse, SharedAny};
 use proto::server::ads::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
-use proto::wire::{DeltaDiscoveryResponse, DeltaResource, DiscoveryResponse, SharedAny};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnboundedReceiverStream};
 use tonic::{Request, Response, Status, Streaming};

@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use http::uri::PathAndQuery;
 use mcp_core::registry::RegistryEvent;
 use mcp_core::testing::mk_service;
-use proto::wire::DiscoveryResponse;
+use proto::responses::DiscoveryResponse;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Channel, Endpoint};

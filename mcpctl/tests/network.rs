@@ -12,13 +12,13 @@ use prost::bytes::Bytes;
 use prost::Message;
 use proto::istio::mcp::v1alpha1::{Metadata, RequestResources, Resource};
 use proto::istio::networking::v1alpha3::ServiceEntry;
+use proto::responses::{self as wire, SharedAny};
 use proto::server::ads::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use proto::server::resource_source::resource_source_server::{
     ResourceSource, ResourceSourceServer,
 };
-use proto::wire::{self, SharedAny};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tokio_stream::StreamExt;

@@ -3,9 +3,12 @@
 //! * [`istio::mcp::v1alpha1`]: `Metadata`, `Resource`, the legacy MCP messages, and gRPC clients.
 //! * [`istio::networking::v1alpha3`]: `ServiceEntry`, `ServicePort`, `WorkloadEntry`, `WorkloadSelector`.
 //! * [`google::rpc::Status`]: the NACK detail of the legacy services.
-//! * [`wire`]: response messages that are byte-identical on the wire to the real ones but carry
-//!   pre-encoded resources as shared [`bytes::Bytes`], and [`server`]: the gRPC server halves
-//!   that send them.
+//! * [`responses`]: response messages that are byte-identical on the wire to the real ones but
+//!   carry pre-encoded resources as shared [`bytes::Bytes`]. mcp-core lays its responses out with
+//!   their small fields (the resources themselves it writes straight from its cache).
+//! * [`server`]: generated gRPC server halves answering with [`responses`] messages. The adapters
+//!   do not use them (mcp-core routes the RPCs itself, `mcp-core/src/server/grpc.rs`); they are
+//!   the reference servers of the benches' floors and of mcpctl's network tests.
 //!
 //! The envoy xDS request types come from the `envoy-types` crate, re-exported as [`envoy`].
 
@@ -37,9 +40,10 @@ pub mod google {
     }
 }
 
-pub mod wire;
+pub mod responses;
 
-/// Server halves of the streaming services, answering with [`wire`] messages.
+/// Generated server halves of the streaming services, answering with [`responses`] messages:
+/// the benches' floor servers and mcpctl's test servers (not the adapters', see the crate docs).
 pub mod server {
     /// `envoy.service.discovery.v3.AggregatedDiscoveryService` (SotW and delta).
     pub mod ads {

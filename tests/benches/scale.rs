@@ -71,10 +71,10 @@ use proto::envoy::config::core::v3::Node;
 use proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use proto::istio::mcp::v1alpha1::{Metadata, Resource};
 use proto::istio::networking::v1alpha3::{service_entry, ServiceEntry, ServicePort, WorkloadEntry};
+use proto::responses as wire;
 use proto::server::ads::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
-use proto::wire;
 use rustix::fs::inotify;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;

@@ -7,7 +7,7 @@
 //! A snapshot made from the previous one with a few changes shares almost all of it (see
 //! `snapshot`), so one change costs O(changed · log n) however many services are served.
 
-mod body;
+mod encode;
 mod entries;
 /// An entry with no body, for tests that only look at names and versions.
 #[cfg(test)]
@@ -75,7 +75,7 @@ fn timestamp(t: SystemTime) -> prost_types::Timestamp {
 /// Encodes a translated resource and computes its version: a hash over everything a sink sees
 /// except the version itself (body, name, labels, annotations, creation time).
 pub fn encode(t: &Translated) -> Entry {
-    let body = body::encode_body(t);
+    let body = encode::encode_body(t);
     let create_time = timestamp(t.create_time);
     let mut h = Xxh3::new();
     h.update(t.name.as_bytes());

@@ -9,7 +9,7 @@
 //! the cache's own buffer. What a stream holds is one chunk, never the response.
 //!
 //! The bytes are exactly prost's encoding of the message with the same fields (tested against
-//! `proto::wire`), in field-number order: head fields, the repeated resources, tail fields.
+//! `proto::responses`), in field-number order: head fields, the repeated resources, tail fields.
 
 use std::sync::Arc;
 
@@ -276,7 +276,7 @@ mod tests {
     use super::*;
     use crate::cache::Summary;
     use prost::Message;
-    use proto::wire::{DeltaDiscoveryResponse, DeltaResource, DiscoveryResponse, SharedAny};
+    use proto::responses::{DeltaDiscoveryResponse, DeltaResource, DiscoveryResponse, SharedAny};
 
     fn entry(name: &str, size: usize) -> Arc<Entry> {
         Arc::new(Entry {
@@ -384,20 +384,20 @@ mod tests {
     #[test]
     fn raw_frames_and_empty_messages() {
         let es = entries();
-        let want = proto::wire::MeshConfigResponse {
+        let want = proto::responses::MeshConfigResponse {
             version_info: "v".into(),
             resources: es.iter().map(|e| e.resource.clone()).collect(),
             type_url: "t".into(),
             nonce: "n".into(),
         };
         let enc = Encoded::new(
-            proto::wire::MeshConfigResponse {
+            proto::responses::MeshConfigResponse {
                 version_info: "v".into(),
                 ..Default::default()
             },
             es,
             Wrap::Raw { field: 2 },
-            proto::wire::MeshConfigResponse {
+            proto::responses::MeshConfigResponse {
                 type_url: "t".into(),
                 nonce: "n".into(),
                 ..Default::default()

@@ -17,8 +17,8 @@ use tonic::server::NamedService;
 use tonic::Status;
 use tonic_prost::ProstCodec;
 
-use super::body::ResponseBody;
-use super::wire::{Delta, Legacy, MeshIncremental, MeshSotw, Wire, Xds};
+use super::protocol::{Delta, Legacy, MeshIncremental, MeshSotw, Protocol, Xds};
+use super::response_body::ResponseBody;
 use super::{drive, StreamContext, MAX_REQUEST};
 
 /// A gRPC service name and the methods it routes.
@@ -116,13 +116,13 @@ impl<M: Methods> tower_service::Service<Request<Body>> for Service<M> {
 }
 
 /// Starts one stream: its task decodes requests and feeds the response body.
-fn start<W: Wire>(ctx: &StreamContext, req: Request<Body>) -> Response<Body> {
+fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body> {
     let req = tonic::Request::from_http(req);
     let peer = req
         .remote_addr()
         .map_or_else(|| "unknown".to_string(), |a| a.to_string());
-    let requests = Streaming::<W::Req>::new_request(
-        tonic::codec::Codec::decoder(&mut ProstCodec::<W::Req, W::Req>::default()),
+    let requests = Streaming::<P::Req>::new_request(
+        tonic::codec::Codec::decoder(&mut ProstCodec::<P::Req, P::Req>::default()),
         req.into_inner(),
         None,
         Some(MAX_REQUEST),
@@ -130,7 +130,7 @@ fn start<W: Wire>(ctx: &StreamContext, req: Request<Body>) -> Response<Body> {
     // One slot: the engine keeps one response per type in flight, so a sink that stopped
     // reading holds the response being written and at most this one more.
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(drive::<W>(requests, tx, ctx.clone(), peer));
+    tokio::spawn(drive::<P>(requests, tx, ctx.clone(), peer));
     let mut resp = Response::new(Body::new(ResponseBody::new(rx)));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,

@@ -2,14 +2,14 @@
 //!
 //! Each stream runs [`drive`] on its own task: requests and snapshot changes go into the
 //! stream's [`engine::Engine`], responses come out through a one-slot channel into the stream's
-//! [`body::ResponseBody`]. Resource bytes are shared with the cache: nothing is re-encoded per
+//! [`response_body::ResponseBody`]. Resource bytes are shared with the cache: nothing is re-encoded per
 //! sink, and no sink holds a copy of a response (see [`frames`]).
 
-mod body;
 pub mod engine;
 pub mod frames;
 mod grpc;
-pub mod wire;
+pub mod protocol;
+mod response_body;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +21,9 @@ use tonic::{Status, Streaming};
 
 use crate::cache::Snapshot;
 use crate::metrics::Metrics;
-use body::Sent;
 use engine::{Ack, Engine};
-use wire::Wire;
+use protocol::Protocol;
+use response_body::Sent;
 
 /// Largest request accepted (requests are small; this only bounds abuse).
 const MAX_REQUEST: usize = 16 << 20;
@@ -132,53 +132,53 @@ fn type_class(served: bool) -> &'static str {
 }
 
 /// Runs one stream until the sink leaves, the stream breaks, or shutdown.
-async fn drive<W: Wire>(
-    mut requests: Streaming<W::Req>,
+async fn drive<P: Protocol>(
+    mut requests: Streaming<P::Req>,
     tx: mpsc::Sender<Sent>,
     ctx: StreamContext,
     peer: String,
 ) {
     let metrics = ctx.metrics;
-    let gauge = metrics.sinks.with_label_values(&[W::PROTOCOL]);
+    let gauge = metrics.sinks.with_label_values(&[P::PROTOCOL]);
     gauge.inc();
     let _gauge = SinkGauge(gauge);
     let mut snapshots = ctx.snapshots;
-    let mut engine = Engine::new(W::INCREMENTAL, W::served);
+    let mut engine = Engine::new(P::INCREMENTAL, P::served);
     let mut node: Option<String> = None;
-    tracing::info!(protocol = W::PROTOCOL, %peer, "Sink connected.");
+    tracing::info!(protocol = P::PROTOCOL, %peer, "Sink connected.");
     loop {
         let outgoing = tokio::select! {
             _ = ctx.shutdown.cancelled() => break,
             msg = requests.message() => match msg {
                 Ok(Some(msg)) => {
                     if node.is_none() {
-                        if let Some(id) = W::node(&msg) {
-                            tracing::info!(protocol = W::PROTOCOL, %peer, node = %id, "Sink identified.");
+                        if let Some(id) = P::node(&msg) {
+                            tracing::info!(protocol = P::PROTOCOL, %peer, node = %id, "Sink identified.");
                             node = Some(id);
                         }
                     }
-                    let req = W::request(msg);
+                    let req = P::request(msg);
                     let type_key = req.type_key.clone();
-                    let served = W::served(&type_key);
+                    let served = P::served(&type_key);
                     // `borrow`, not `borrow_and_update`: only the `changed()` arm may mark a
                     // snapshot as seen, or a change published while this request is handled
                     // would never reach the types this request does not name.
                     let snapshot = snapshots.borrow().clone();
                     let (ack, out) = engine.on_request(req, snapshot.as_ref());
                     match &ack {
-                        Ack::Ack => metrics.acks.with_label_values(&[W::PROTOCOL, type_class(served)]).inc(),
+                        Ack::Ack => metrics.acks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc(),
                         Ack::Nack(reason) => {
-                            metrics.nacks.with_label_values(&[W::PROTOCOL, type_class(served)]).inc();
-                            tracing::warn!(protocol = W::PROTOCOL, %peer, type_url = %type_key, %reason, "Sink rejected a response.");
+                            metrics.nacks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc();
+                            tracing::warn!(protocol = P::PROTOCOL, %peer, type_url = %type_key, %reason, "Sink rejected a response.");
                         }
-                        Ack::Subscribe => tracing::debug!(protocol = W::PROTOCOL, %peer, type_url = %type_key, "Subscribed."),
-                        Ack::Stale => tracing::debug!(protocol = W::PROTOCOL, %peer, type_url = %type_key, "Ignored a stale nonce."),
+                        Ack::Subscribe => tracing::debug!(protocol = P::PROTOCOL, %peer, type_url = %type_key, "Subscribed."),
+                        Ack::Stale => tracing::debug!(protocol = P::PROTOCOL, %peer, type_url = %type_key, "Ignored a stale nonce."),
                     }
                     out.into_iter().collect::<Vec<_>>()
                 }
                 Ok(None) => break,
                 Err(status) => {
-                    tracing::debug!(protocol = W::PROTOCOL, %peer, %status, "Sink stream broke.");
+                    tracing::debug!(protocol = P::PROTOCOL, %peer, %status, "Sink stream broke.");
                     break;
                 }
             },
@@ -194,10 +194,10 @@ async fn drive<W: Wire>(
         };
         for out in outgoing {
             let served = out.served;
-            let resp = W::response(out);
+            let resp = P::response(out);
             if let Some(limit) = ctx.max_message_size.filter(|l| resp.len() > *l) {
-                metrics.oversized.with_label_values(&[W::PROTOCOL]).inc();
-                tracing::error!(protocol = W::PROTOCOL, %peer, bytes = resp.len(), limit, "A response is larger than --max-message-size; ending the stream instead of sending it (shard the source or raise the sink's receive limit).");
+                metrics.oversized.with_label_values(&[P::PROTOCOL]).inc();
+                tracing::error!(protocol = P::PROTOCOL, %peer, bytes = resp.len(), limit, "A response is larger than --max-message-size; ending the stream instead of sending it (shard the source or raise the sink's receive limit).");
                 let status = Status::resource_exhausted(format!(
                     "the response is {} bytes, over this source's --max-message-size of {limit} bytes",
                     resp.len()
@@ -210,24 +210,24 @@ async fn drive<W: Wire>(
             }
             metrics
                 .pushes
-                .with_label_values(&[W::PROTOCOL, type_class(served)])
+                .with_label_values(&[P::PROTOCOL, type_class(served)])
                 .inc();
             metrics
                 .push_bytes
-                .with_label_values(&[W::PROTOCOL])
+                .with_label_values(&[P::PROTOCOL])
                 .inc_by(resp.len() as u64);
             // A sink that stopped reading blocks this send; shutdown must not wait on it.
             tokio::select! {
                 sent = tx.send(Ok(resp)) => if sent.is_err() {
-                    tracing::info!(protocol = W::PROTOCOL, %peer, "Sink disconnected.");
+                    tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");
                     return;
                 },
                 _ = ctx.shutdown.cancelled() => {
-                    tracing::info!(protocol = W::PROTOCOL, %peer, "Shutting down with a response unsent (the sink stopped reading).");
+                    tracing::info!(protocol = P::PROTOCOL, %peer, "Shutting down with a response unsent (the sink stopped reading).");
                     return;
                 }
             }
         }
     }
-    tracing::info!(protocol = W::PROTOCOL, %peer, "Sink disconnected.");
+    tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");
 }

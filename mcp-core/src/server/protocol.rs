@@ -1,7 +1,7 @@
 //! Protocol-specific halves: request decoding and response layout for each RPC. The rules live
 //! in [`super::engine`]; how a response becomes frames lives in [`super::frames`].
 //!
-//! A response is laid out as prost's encoding of the message's small fields (the `proto::wire`
+//! A response is laid out as prost's encoding of the message's small fields (the `proto::responses`
 //! types with the resources left empty) before and after the repeated resource field, which
 //! [`Encoded`] writes around the cache's shared bytes.
 
@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Disc
 use proto::istio::mcp::v1alpha1::{
     IncrementalMeshConfigRequest, MeshConfigRequest, RequestResources,
 };
-use proto::wire::{
+use proto::responses::{
     DeltaDiscoveryResponse, DiscoveryResponse, IncrementalMeshConfigResponse, MeshConfigResponse,
     Resources,
 };
@@ -46,7 +46,7 @@ fn envoy_nack(status: Option<&envoy_types::pb::google::rpc::Status>) -> Option<S
 }
 
 /// One RPC's message shapes.
-pub trait Wire: Send + 'static {
+pub trait Protocol: Send + 'static {
     /// Request message.
     type Req: prost::Message + Default + Send + 'static;
     /// Metric / log label.
@@ -68,7 +68,7 @@ pub trait Wire: Send + 'static {
 /// `envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources` (istiod 1.8+).
 pub struct Xds;
 
-impl Wire for Xds {
+impl Protocol for Xds {
     type Req = DiscoveryRequest;
     const PROTOCOL: &'static str = "xds";
     const PATH: &'static str =
@@ -110,7 +110,7 @@ impl Wire for Xds {
 /// `envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources`.
 pub struct Delta;
 
-impl Wire for Delta {
+impl Protocol for Delta {
     type Req = DeltaDiscoveryRequest;
     const PROTOCOL: &'static str = "delta";
     const PATH: &'static str =
@@ -156,7 +156,7 @@ impl Wire for Delta {
 /// `istio.mcp.v1alpha1.ResourceSource/EstablishResourceStream` (Pilot 1.1-1.7).
 pub struct Legacy;
 
-impl Wire for Legacy {
+impl Protocol for Legacy {
     type Req = RequestResources;
     const PROTOCOL: &'static str = "mcp";
     const PATH: &'static str = "/istio.mcp.v1alpha1.ResourceSource/EstablishResourceStream";
@@ -200,7 +200,7 @@ impl Wire for Legacy {
 /// mode: the collection travels in `type_url`).
 pub struct MeshSotw;
 
-impl Wire for MeshSotw {
+impl Protocol for MeshSotw {
     type Req = MeshConfigRequest;
     const PROTOCOL: &'static str = "mcp-aggregated";
     const PATH: &'static str =
@@ -242,7 +242,7 @@ impl Wire for MeshSotw {
 /// `istio.mcp.v1alpha1.AggregatedMeshConfigService/IncrementalAggregatedResources`.
 pub struct MeshIncremental;
 
-impl Wire for MeshIncremental {
+impl Protocol for MeshIncremental {
     type Req = IncrementalMeshConfigRequest;
     const PROTOCOL: &'static str = "mcp-aggregated-incremental";
     const PATH: &'static str =
