@@ -125,3 +125,26 @@ pub struct ConsulConfig {
 
 /// Most requests in flight, whatever `--consul-concurrency` says.
 pub const MAX_CONCURRENCY: usize = 128;
+
+/// What `main` runs: these flags build a [`ConsulRegistry`](crate::registry::ConsulRegistry).
+impl mcp_core::entry::AdapterConfig for ConsulConfig {
+    type Registry = crate::registry::ConsulRegistry;
+    type Error = crate::registry::ConfigError;
+    const NAME: &'static str = env!("CARGO_PKG_NAME");
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const ABOUT: &'static str = "Serves Consul services as Istio ServiceEntries over MCP.";
+
+    async fn registry(self) -> Result<Self::Registry, Self::Error> {
+        crate::registry::ConsulRegistry::new(&self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_consistent() {
+        mcp_core::entry::command::<ConsulConfig>().debug_assert();
+    }
+}

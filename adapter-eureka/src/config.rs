@@ -95,6 +95,19 @@ impl EurekaConfig {
     }
 }
 
+/// What `main` runs: these flags build a [`EurekaRegistry`](crate::registry::EurekaRegistry).
+impl mcp_core::entry::AdapterConfig for EurekaConfig {
+    type Registry = crate::registry::EurekaRegistry;
+    type Error = crate::registry::SetupError;
+    const NAME: &'static str = env!("CARGO_PKG_NAME");
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const ABOUT: &'static str = "Serves Eureka applications as Istio ServiceEntries over MCP.";
+
+    async fn registry(self) -> Result<Self::Registry, Self::Error> {
+        crate::registry::EurekaRegistry::new(&self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +139,10 @@ mod tests {
         assert!(f.allows("orders-api"));
         assert!(!f.allows("orders-canary"));
         assert!(!f.allows("payments"));
+    }
+
+    #[test]
+    fn flags_are_consistent() {
+        mcp_core::entry::command::<EurekaConfig>().debug_assert();
     }
 }

@@ -5,32 +5,7 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use adapter_eureka::{EurekaConfig, EurekaRegistry};
-use clap::Parser;
-
-/// Serves Eureka applications as Istio ServiceEntries over MCP.
-#[derive(Parser, Debug)]
-#[command(version, about)]
-struct Args {
-    #[command(flatten)]
-    common: mcp_core::CommonArgs,
-    #[command(flatten)]
-    eureka: EurekaConfig,
-}
-
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let registry = EurekaRegistry::new(&args.eureka)?;
-    mcp_core::runtime::run(registry, args.common).await?;
+fn main() -> anyhow::Result<()> {
+    mcp_core::entry::run::<adapter_eureka::EurekaConfig>()?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn flags_are_consistent() {
-        use clap::CommandFactory;
-        super::Args::command().debug_assert();
-    }
 }

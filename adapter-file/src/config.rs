@@ -111,6 +111,20 @@ impl FileConfig {
     }
 }
 
+/// What `main` runs: these flags build a [`FileRegistry`](crate::registry::FileRegistry).
+impl mcp_core::entry::AdapterConfig for FileConfig {
+    type Registry = crate::registry::FileRegistry;
+    type Error = ConfigError;
+    const NAME: &'static str = env!("CARGO_PKG_NAME");
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const ABOUT: &'static str =
+        "Serves Istio ServiceEntries from Istio YAML/JSON files and compact inventories over MCP.";
+
+    async fn registry(self) -> Result<Self::Registry, Self::Error> {
+        crate::registry::FileRegistry::new(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,5 +193,10 @@ mod tests {
             ..FileConfig::new(vec!["a".into()])
         };
         assert_eq!(config.validate(), Err(ConfigError::ZeroMaxFileSize));
+    }
+
+    #[test]
+    fn flags_are_consistent() {
+        mcp_core::entry::command::<FileConfig>().debug_assert();
     }
 }

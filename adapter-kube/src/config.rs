@@ -85,6 +85,20 @@ pub struct KubeConfig {
     pub trust_domain: String,
 }
 
+/// What `main` runs: these flags build a [`KubeRegistry`](crate::registry::KubeRegistry).
+impl mcp_core::entry::AdapterConfig for KubeConfig {
+    type Registry = crate::registry::KubeRegistry;
+    type Error = crate::client::ClientError;
+    const NAME: &'static str = env!("CARGO_PKG_NAME");
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const ABOUT: &'static str =
+        "Serves Kubernetes Services and EndpointSlices as Istio ServiceEntries over MCP.";
+
+    async fn registry(self) -> Result<Self::Registry, Self::Error> {
+        crate::registry::KubeRegistry::connect(&self).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +118,10 @@ mod tests {
         assert_eq!(a.kube.headless, Headless::Static);
         assert_eq!(a.kube.cluster_domain, "cluster.local");
         assert!(!a.kube.no_cluster_ip && !a.kube.read_nodes && !a.kube.read_pods);
+    }
+
+    #[test]
+    fn flags_are_consistent() {
+        mcp_core::entry::command::<KubeConfig>().debug_assert();
     }
 }

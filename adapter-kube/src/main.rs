@@ -5,32 +5,7 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use adapter_kube::{KubeConfig, KubeRegistry};
-use clap::Parser;
-
-/// Serves Kubernetes Services and EndpointSlices as Istio ServiceEntries over MCP.
-#[derive(Parser, Debug)]
-#[command(version, about)]
-struct Args {
-    #[command(flatten)]
-    common: mcp_core::CommonArgs,
-    #[command(flatten)]
-    kube: KubeConfig,
-}
-
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let registry = KubeRegistry::connect(&args.kube).await?;
-    mcp_core::runtime::run(registry, args.common).await?;
+fn main() -> anyhow::Result<()> {
+    mcp_core::entry::run::<adapter_kube::KubeConfig>()?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn flags_are_consistent() {
-        use clap::CommandFactory;
-        super::Args::command().debug_assert();
-    }
 }

@@ -164,6 +164,22 @@ pub fn normalize_root(r: &str) -> String {
     }
 }
 
+/// What `main` runs: these flags build a [`ZookeeperRegistry`](crate::ZookeeperRegistry).
+impl mcp_core::entry::AdapterConfig for ZookeeperConfig {
+    type Registry = crate::ZookeeperRegistry;
+    type Error = crate::registry::ConfigError;
+    const NAME: &'static str = env!("CARGO_PKG_NAME");
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const ABOUT: &'static str = "Serves Dubbo and Curator/Spring Cloud services registered in ZooKeeper as Istio ServiceEntries over MCP.";
+    // The ZooKeeper client logs every watch event at info: its warnings only, unless RUST_LOG
+    // says otherwise.
+    const DEFAULT_LOG_FILTER: &'static str = "info,zookeeper_async=warn";
+
+    async fn registry(self) -> Result<Self::Registry, Self::Error> {
+        crate::ZookeeperRegistry::new(&self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,5 +218,10 @@ mod tests {
             ..cfg
         };
         assert_eq!(dubbo.roots(), vec![("/a".to_string(), Layout::Dubbo)]);
+    }
+
+    #[test]
+    fn flags_are_consistent() {
+        mcp_core::entry::command::<ZookeeperConfig>().debug_assert();
     }
 }
