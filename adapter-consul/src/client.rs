@@ -18,8 +18,8 @@ use tokio::sync::Semaphore;
 
 use crate::config::{ConsulConfig, MAX_CONCURRENCY};
 use crate::convert::HealthEntry;
-use crate::http::{HttpSettings, ReloadingClient};
-use crate::secret::{Secret, TokenSource};
+use mcp_core::http_client::ReloadingClient;
+use mcp_core::secret::{Secret, SecretSource};
 
 /// Why a request to Consul failed.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +100,7 @@ pub struct ConsulClient {
 struct ClientInner {
     http: ReloadingClient,
     base: String,
-    token: TokenSource,
+    token: SecretSource,
     datacenter: Option<String>,
     namespace: Option<String>,
     partition: Option<String>,
@@ -133,20 +133,16 @@ impl ConsulClient {
     pub fn new(cfg: &ConsulConfig, token: Option<String>) -> Result<Self, ConsulError> {
         let url = base_url(&cfg.addr, cfg.ssl)?;
         let mut base = url.as_str().trim_end_matches('/').to_string();
-        let token = TokenSource::new(cfg.token_file.as_deref(), token)
+        let token = SecretSource::new("token", cfg.token_file.as_deref(), token)
             .map_err(|e| ConsulError::Config(e.to_string()))?;
         let wait = cfg
             .wait
             .clamp(Duration::from_millis(10), Duration::from_secs(600));
         let concurrency = cfg.concurrency.clamp(1, MAX_CONCURRENCY);
-        let mut settings = HttpSettings {
-            ca: cfg.ca.clone(),
-            capath: cfg.capath.clone(),
-            identity: cfg.client_cert.clone().zip(cfg.client_key.clone()),
-            verify: cfg.ssl_verify,
-            resolve: None,
-            max_conns: concurrency + WATCHES,
-        };
+        let mut settings = cfg.tls.settings();
+        settings.capath = cfg.capath.clone();
+        settings.verify = cfg.ssl_verify;
+        settings.max_idle = concurrency + WATCHES;
         if let Some(name) = &cfg.tls_server_name {
             // Verify `name` while connecting to the configured address: ask for `name` and
             // resolve it to where the address points.

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use mcp_core::flags::{FilterFlags, FilterNames, TlsFlags, TlsNames};
 use mcp_core::parse;
 
 /// Consul connection and selection settings.
@@ -42,30 +43,16 @@ pub struct ConsulConfig {
     )]
     pub ssl_verify: bool,
 
-    /// CA bundle to verify Consul's HTTPS certificate (re-read when it changes).
-    #[arg(long = "consul-ca", env = "CONSUL_CACERT")]
-    pub ca: Option<PathBuf>,
+    /// CA bundle and client certificate: `--consul-ca` (`CONSUL_CACERT`),
+    /// `--consul-client-cert` (`CONSUL_CLIENT_CERT`), `--consul-client-key` (`CONSUL_CLIENT_KEY`),
+    /// as the consul CLI names them.
+    #[command(flatten)]
+    pub tls: TlsFlags<ConsulTls>,
 
     /// Directory of PEM CA certificates to verify Consul's HTTPS certificate (re-read when a
     /// file in it changes).
     #[arg(long = "consul-capath", env = "CONSUL_CAPATH")]
     pub capath: Option<PathBuf>,
-
-    /// Client certificate for Consul (`verify_incoming`).
-    #[arg(
-        long = "consul-client-cert",
-        env = "CONSUL_CLIENT_CERT",
-        requires = "client_key"
-    )]
-    pub client_cert: Option<PathBuf>,
-
-    /// Key of the client certificate.
-    #[arg(
-        long = "consul-client-key",
-        env = "CONSUL_CLIENT_KEY",
-        requires = "client_cert"
-    )]
-    pub client_key: Option<PathBuf>,
 
     /// Server name to verify in Consul's certificate (when the address is an IP).
     #[arg(long = "consul-tls-server-name", env = "CONSUL_TLS_SERVER_NAME")]
@@ -83,17 +70,9 @@ pub struct ConsulConfig {
     #[arg(long, env = "MCP_CONSUL_INCLUDE_WARNING")]
     pub include_warning: bool,
 
-    /// Only these services (names or globs with `*` and `?`; comma-separated or repeated).
-    #[arg(long = "service", env = "MCP_CONSUL_SERVICES", value_delimiter = ',')]
-    pub services: Vec<String>,
-
-    /// Never these services (names or globs).
-    #[arg(
-        long = "exclude-service",
-        env = "MCP_CONSUL_EXCLUDE_SERVICES",
-        value_delimiter = ','
-    )]
-    pub exclude_services: Vec<String>,
+    /// `--service` / `--exclude-service` (`MCP_CONSUL_SERVICES` / `MCP_CONSUL_EXCLUDE_SERVICES`).
+    #[command(flatten)]
+    pub services: FilterFlags<ConsulServices>,
 
     /// Only instances carrying all of these tags.
     #[arg(long = "tag", env = "MCP_CONSUL_TAGS", value_delimiter = ',')]
@@ -121,6 +100,30 @@ pub struct ConsulConfig {
         default_value_t = 32
     )]
     pub concurrency: usize,
+}
+
+/// The names of adapter-consul's service filter.
+#[derive(Clone, Debug)]
+pub struct ConsulServices;
+
+impl FilterNames for ConsulServices {
+    const ALLOW: &'static str = "service";
+    const ALLOW_ENV: &'static str = "MCP_CONSUL_SERVICES";
+    const DENY: &'static str = "exclude-service";
+    const DENY_ENV: &'static str = "MCP_CONSUL_EXCLUDE_SERVICES";
+    const ALLOW_HELP: &'static str = "these services";
+    const DENY_HELP: &'static str = "these services";
+}
+
+/// The names of adapter-consul's TLS files: the consul CLI's.
+#[derive(Clone, Debug)]
+pub struct ConsulTls;
+
+impl TlsNames for ConsulTls {
+    const PEER: &'static str = "Consul";
+    const CA: (&'static str, &'static str) = ("consul-ca", "CONSUL_CACERT");
+    const CERT: (&'static str, &'static str) = ("consul-client-cert", "CONSUL_CLIENT_CERT");
+    const KEY: (&'static str, &'static str) = ("consul-client-key", "CONSUL_CLIENT_KEY");
 }
 
 /// Most requests in flight, whatever `--consul-concurrency` says.

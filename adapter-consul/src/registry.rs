@@ -78,7 +78,7 @@ impl ConsulRegistry {
             inner: Arc::new(Inner {
                 client: ConsulClient::new(cfg, token)?,
                 settings: ConvertSettings::new(cfg).map_err(ConfigError::Convert)?,
-                filter: NameFilter::new(cfg.services.clone(), cfg.exclude_services.clone()),
+                filter: cfg.services.filter(),
                 concurrency: cfg.concurrency.clamp(1, MAX_CONCURRENCY),
                 reported: Default::default(),
                 last_good: Default::default(),

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use mcp_core::http_client::{HttpError, ReloadingClient};
+use mcp_core::secret::{Secret, SecretSource};
 use reqwest::StatusCode;
 
 use crate::config::EurekaConfig;
@@ -49,6 +51,9 @@ pub enum ClientError {
         /// What went wrong.
         message: String,
     },
+    /// A TLS file could not be read or parsed.
+    #[error("{0}")]
+    Tls(String),
     /// reqwest refused the settings.
     #[error("HTTP client: {0}")]
     Build(String),
@@ -64,49 +69,52 @@ impl From<ClientError> for mcp_core::RegistryError {
     }
 }
 
-/// Basic-auth credentials. `Debug` never shows the password.
-#[derive(Clone)]
-pub struct Credentials {
-    user: String,
-    password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Credentials({:?}, <redacted>)", self.user)
-    }
-}
+/// Basic-auth credentials: `user:password` from `--eureka-auth-file` (re-read when it changes,
+/// so a rotated password needs no restart), else `EUREKA_USERNAME` + `EUREKA_PASSWORD`. Never
+/// printed: the pair is a [`Secret`] until the request takes it.
+#[derive(Debug)]
+pub struct Credentials(SecretSource);
 
 impl Credentials {
-    /// From `--eureka-auth-file` (`user:password`, surrounding whitespace trimmed), else from
-    /// `EUREKA_USERNAME` + `EUREKA_PASSWORD`; none when neither is set.
-    pub fn load(file: Option<&Path>) -> Result<Option<Self>, ClientError> {
-        if let Some(path) = file {
-            let text = std::fs::read_to_string(path).map_err(|e| ClientError::File {
-                what: "--eureka-auth-file",
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })?;
-            let (user, password) =
-                text.trim()
-                    .split_once(':')
-                    .ok_or_else(|| ClientError::File {
-                        what: "--eureka-auth-file",
-                        path: path.to_path_buf(),
-                        message: "expected one line `user:password`".into(),
-                    })?;
-            return Ok(Some(Self {
-                user: user.to_string(),
-                password: password.to_string(),
-            }));
-        }
-        match (
+    /// From the file or the environment; none when neither is set. A file that cannot be read
+    /// or does not hold `user:password` fails now.
+    pub fn load(file: Option<&Path>) -> Result<Self, ClientError> {
+        let env = match (
             std::env::var("EUREKA_USERNAME"),
             std::env::var("EUREKA_PASSWORD"),
         ) {
-            (Ok(user), Ok(password)) if !user.is_empty() => Ok(Some(Self { user, password })),
-            _ => Ok(None),
-        }
+            (Ok(user), Ok(password)) if !user.is_empty() => Some(format!("{user}:{password}")),
+            _ => None,
+        };
+        let source =
+            SecretSource::new("credentials", file, env).map_err(|e| ClientError::File {
+                what: "--eureka-auth-file",
+                path: e.path.clone(),
+                message: e.source.to_string(),
+            })?;
+        let creds = Self(source);
+        creds.current()?;
+        Ok(creds)
+    }
+
+    /// The user and password to send now.
+    pub fn current(&self) -> Result<Option<(String, Secret)>, ClientError> {
+        let bad = |message: String| ClientError::File {
+            what: "--eureka-auth-file",
+            path: match &self.0 {
+                SecretSource::File { path, .. } => path.clone(),
+                _ => PathBuf::from("EUREKA_USERNAME/EUREKA_PASSWORD"),
+            },
+            message,
+        };
+        let Some(pair) = self.0.current().map_err(|e| bad(e.source.to_string()))? else {
+            return Ok(None);
+        };
+        let (user, password) = pair
+            .expose()
+            .split_once(':')
+            .ok_or_else(|| bad("expected one line `user:password`".into()))?;
+        Ok(Some((user.to_string(), Secret::new(password))))
     }
 }
 
@@ -120,10 +128,10 @@ struct Current {
 /// The Eureka client.
 #[derive(Debug)]
 pub struct Client {
-    http: reqwest::Client,
+    http: ReloadingClient,
     /// Base URLs without a trailing slash.
     bases: Vec<String>,
-    creds: Option<Credentials>,
+    creds: Credentials,
     current: Mutex<Current>,
     /// How long a fallback server is kept before the preferred one is tried again.
     failback_after: Duration,
@@ -161,32 +169,14 @@ impl Client {
         if bases.is_empty() {
             return Err(ClientError::BadUrl(String::new(), "no URL given".into()));
         }
-        let mut b = reqwest::Client::builder()
-            .timeout(cfg.timeout)
-            .connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
-            .pool_max_idle_per_host(2);
-        if let Some(ca) = &cfg.ca {
-            let pem = read("--eureka-ca", ca)?;
-            for c in reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ClientError::File {
-                what: "--eureka-ca",
-                path: ca.clone(),
-                message: e.to_string(),
-            })? {
-                b = b.add_root_certificate(c);
-            }
-        }
-        if let (Some(cert), Some(key)) = (&cfg.client_cert, &cfg.client_key) {
-            let mut pem = read("--eureka-client-cert", cert)?;
-            pem.push(b'\n');
-            pem.extend(read("--eureka-client-key", key)?);
-            let id = reqwest::Identity::from_pem(&pem).map_err(|e| ClientError::File {
-                what: "--eureka-client-cert",
-                path: cert.clone(),
-                message: e.to_string(),
-            })?;
-            b = b.identity(id);
-        }
-        let http = b.build().map_err(|e| ClientError::Build(e.to_string()))?;
+        let mut settings = cfg.tls.settings();
+        settings.timeout = Some(cfg.timeout);
+        settings.connect_timeout = cfg.timeout.min(Duration::from_secs(5));
+        settings.max_idle = 2;
+        let http = ReloadingClient::new(settings).map_err(|e| match e {
+            HttpError::Build(m) => ClientError::Build(m),
+            other => ClientError::Tls(other.to_string()),
+        })?;
         Ok(Self {
             http,
             bases,
@@ -262,10 +252,11 @@ impl Client {
         let url = format!("{base}{path}");
         let mut req = self
             .http
+            .get()
             .get(&url)
             .header(reqwest::header::ACCEPT, "application/json");
-        if let Some(c) = &self.creds {
-            req = req.basic_auth(&c.user, Some(&c.password));
+        if let Some((user, password)) = self.creds.current().map_err(Attempt::Fatal)? {
+            req = req.basic_auth(user, Some(password.expose()));
         }
         let resp = req
             .send()
@@ -312,14 +303,6 @@ fn without_url(e: reqwest::Error) -> reqwest::Error {
     e.without_url()
 }
 
-fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, ClientError> {
-    std::fs::read(path).map_err(|e| ClientError::File {
-        what,
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,23 +325,24 @@ mod tests {
         let err = Client::new(&cfg(&["--eureka-url", "http://u:secret@a:8761/eureka"]))
             .expect_err("refused");
         assert!(!err.to_string().contains("secret"), "{err}");
-        let c = Credentials {
-            user: "u".into(),
-            password: "secret".into(),
-        };
+        let c = Credentials(SecretSource::Fixed(Secret::new("u:secret")));
         assert!(!format!("{c:?}").contains("secret"));
+        let (_, password) = c.current().expect("current").expect("some");
+        assert!(!format!("{password:?}").contains("secret"));
     }
 
     #[test]
     fn auth_file_is_user_colon_password() {
         let dir = std::env::temp_dir().join(format!("eureka-auth-{}", std::process::id()));
         std::fs::write(&dir, "mesh:p@ss:word\n").expect("write");
-        let c = Credentials::load(Some(&dir)).expect("load").expect("some");
+        let c = Credentials::load(Some(&dir)).expect("load");
+        let (user, password) = c.current().expect("current").expect("some");
+        assert_eq!((user.as_str(), password.expose()), ("mesh", "p@ss:word"));
+        // Rotated: the next request sends the new password.
+        std::fs::write(&dir, "mesh:rotated-password-2\n").expect("write");
+        let (_, password) = c.current().expect("current").expect("some");
         std::fs::remove_file(&dir).expect("rm");
-        assert_eq!(
-            (c.user.as_str(), c.password.as_str()),
-            ("mesh", "p@ss:word")
-        );
+        assert_eq!(password.expose(), "rotated-password-2");
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use mcp_core::flags::{FilterFlags, FilterNames, TlsFlags, TlsNames};
 use mcp_core::parse;
 
 /// Eureka connection and selection settings.
@@ -44,38 +45,39 @@ pub struct EurekaConfig {
     #[arg(long = "eureka-auth-file", env = "EUREKA_AUTH_FILE")]
     pub auth_file: Option<PathBuf>,
 
-    /// CA bundle (PEM) to verify Eureka's HTTPS certificate, in addition to the system roots.
-    #[arg(long = "eureka-ca", env = "EUREKA_CA")]
-    pub ca: Option<PathBuf>,
+    /// `--eureka-ca`, `--eureka-client-cert`, `--eureka-client-key` (`EUREKA_CA`,
+    /// `EUREKA_CLIENT_CERT`, `EUREKA_CLIENT_KEY`).
+    #[command(flatten)]
+    pub tls: TlsFlags<EurekaTls>,
 
-    /// Client certificate (PEM) for Eureka servers that ask for one.
-    #[arg(
-        long = "eureka-client-cert",
-        env = "EUREKA_CLIENT_CERT",
-        requires = "client_key"
-    )]
-    pub client_cert: Option<PathBuf>,
+    /// `--app` / `--exclude-app` (`MCP_EUREKA_APPS` / `MCP_EUREKA_EXCLUDE_APPS`), matched
+    /// case-insensitively.
+    #[command(flatten)]
+    pub apps: FilterFlags<EurekaApps>,
+}
 
-    /// Key (PEM) of the client certificate.
-    #[arg(
-        long = "eureka-client-key",
-        env = "EUREKA_CLIENT_KEY",
-        requires = "client_cert"
-    )]
-    pub client_key: Option<PathBuf>,
+/// The names of adapter-eureka's app filter.
+#[derive(Clone, Debug)]
+pub struct EurekaApps;
 
-    /// Only these apps (names or globs with `*` and `?`, case-insensitive; comma-separated or
-    /// repeated).
-    #[arg(long = "app", env = "MCP_EUREKA_APPS", value_delimiter = ',')]
-    pub apps: Vec<String>,
+impl FilterNames for EurekaApps {
+    const ALLOW: &'static str = "app";
+    const ALLOW_ENV: &'static str = "MCP_EUREKA_APPS";
+    const DENY: &'static str = "exclude-app";
+    const DENY_ENV: &'static str = "MCP_EUREKA_EXCLUDE_APPS";
+    const ALLOW_HELP: &'static str = "these apps (case-insensitive)";
+    const DENY_HELP: &'static str = "these apps (case-insensitive)";
+}
 
-    /// Never these apps (names or globs, case-insensitive).
-    #[arg(
-        long = "exclude-app",
-        env = "MCP_EUREKA_EXCLUDE_APPS",
-        value_delimiter = ','
-    )]
-    pub exclude_apps: Vec<String>,
+/// The names of adapter-eureka's TLS files.
+#[derive(Clone, Debug)]
+pub struct EurekaTls;
+
+impl TlsNames for EurekaTls {
+    const PEER: &'static str = "Eureka";
+    const CA: (&'static str, &'static str) = ("eureka-ca", "EUREKA_CA");
+    const CERT: (&'static str, &'static str) = ("eureka-client-cert", "EUREKA_CLIENT_CERT");
+    const KEY: (&'static str, &'static str) = ("eureka-client-key", "EUREKA_CLIENT_KEY");
 }
 
 /// Shortest refresh interval: Eureka answers deltas from a cache, polling faster buys nothing.
@@ -91,7 +93,7 @@ impl EurekaConfig {
     /// them, people write them either way).
     pub fn filter(&self) -> mcp_core::filter::NameFilter {
         let lower = |v: &[String]| v.iter().map(|s| s.to_lowercase()).collect();
-        mcp_core::filter::NameFilter::new(lower(&self.apps), lower(&self.exclude_apps))
+        mcp_core::filter::NameFilter::new(lower(&self.apps.allow), lower(&self.apps.deny))
     }
 }
 

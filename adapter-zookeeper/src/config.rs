@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use mcp_core::flags::{FilterFlags, FilterNames};
 use mcp_core::parse;
 
 /// Which ZooKeeper layouts to read.
@@ -79,51 +80,61 @@ pub struct ZookeeperConfig {
     #[arg(long, env = "MCP_ZK_DUBBO_DISCOVERY", value_enum, default_value_t = DubboDiscovery::Interface)]
     pub dubbo_discovery: DubboDiscovery,
 
-    /// Only these services: Dubbo interfaces, Curator/Spring services or Dubbo 3 applications
-    /// (names or globs with `*` and `?`; comma-separated or repeated).
-    #[arg(long = "service", env = "MCP_ZK_SERVICES", value_delimiter = ',')]
-    pub services: Vec<String>,
+    /// `--service` / `--exclude-service` (`MCP_ZK_SERVICES` / `MCP_ZK_EXCLUDE_SERVICES`):
+    /// Dubbo interfaces, Curator/Spring services or Dubbo 3 applications.
+    #[command(flatten)]
+    pub services: FilterFlags<ZkServices>,
 
-    /// Never these services (names or globs).
-    #[arg(
-        long = "exclude-service",
-        env = "MCP_ZK_EXCLUDE_SERVICES",
-        value_delimiter = ','
-    )]
-    pub exclude_services: Vec<String>,
+    /// `--dubbo-group` / `--exclude-dubbo-group` (`MCP_ZK_DUBBO_GROUPS` /
+    /// `MCP_ZK_EXCLUDE_DUBBO_GROUPS`).
+    #[command(flatten)]
+    pub dubbo_groups: FilterFlags<DubboGroups>,
 
-    /// Only Dubbo providers in these groups (globs; a provider without a group has the empty
-    /// group, which only `*` matches).
-    #[arg(
-        long = "dubbo-group",
-        env = "MCP_ZK_DUBBO_GROUPS",
-        value_delimiter = ','
-    )]
-    pub dubbo_groups: Vec<String>,
+    /// `--dubbo-version` / `--exclude-dubbo-version` (`MCP_ZK_DUBBO_VERSIONS` /
+    /// `MCP_ZK_EXCLUDE_DUBBO_VERSIONS`).
+    #[command(flatten)]
+    pub dubbo_versions: FilterFlags<DubboVersions>,
+}
 
-    /// Never Dubbo providers in these groups (globs).
-    #[arg(
-        long = "exclude-dubbo-group",
-        env = "MCP_ZK_EXCLUDE_DUBBO_GROUPS",
-        value_delimiter = ','
-    )]
-    pub exclude_dubbo_groups: Vec<String>,
+/// The names of adapter-zookeeper's service filter.
+#[derive(Clone, Debug)]
+pub struct ZkServices;
 
-    /// Only Dubbo providers of these versions (globs; no version = empty, matched by `*`).
-    #[arg(
-        long = "dubbo-version",
-        env = "MCP_ZK_DUBBO_VERSIONS",
-        value_delimiter = ','
-    )]
-    pub dubbo_versions: Vec<String>,
+impl FilterNames for ZkServices {
+    const ALLOW: &'static str = "service";
+    const ALLOW_ENV: &'static str = "MCP_ZK_SERVICES";
+    const DENY: &'static str = "exclude-service";
+    const DENY_ENV: &'static str = "MCP_ZK_EXCLUDE_SERVICES";
+    const ALLOW_HELP: &'static str =
+        "these services: Dubbo interfaces, Curator/Spring services or Dubbo 3 applications";
+    const DENY_HELP: &'static str = "these services";
+}
 
-    /// Never Dubbo providers of these versions (globs).
-    #[arg(
-        long = "exclude-dubbo-version",
-        env = "MCP_ZK_EXCLUDE_DUBBO_VERSIONS",
-        value_delimiter = ','
-    )]
-    pub exclude_dubbo_versions: Vec<String>,
+/// The names of the Dubbo group filter.
+#[derive(Clone, Debug)]
+pub struct DubboGroups;
+
+impl FilterNames for DubboGroups {
+    const ALLOW: &'static str = "dubbo-group";
+    const ALLOW_ENV: &'static str = "MCP_ZK_DUBBO_GROUPS";
+    const DENY: &'static str = "exclude-dubbo-group";
+    const DENY_ENV: &'static str = "MCP_ZK_EXCLUDE_DUBBO_GROUPS";
+    const ALLOW_HELP: &'static str = "Dubbo providers in these groups (a provider without a group has the empty group, which only `*` matches)";
+    const DENY_HELP: &'static str = "Dubbo providers in these groups";
+}
+
+/// The names of the Dubbo version filter.
+#[derive(Clone, Debug)]
+pub struct DubboVersions;
+
+impl FilterNames for DubboVersions {
+    const ALLOW: &'static str = "dubbo-version";
+    const ALLOW_ENV: &'static str = "MCP_ZK_DUBBO_VERSIONS";
+    const DENY: &'static str = "exclude-dubbo-version";
+    const DENY_ENV: &'static str = "MCP_ZK_EXCLUDE_DUBBO_VERSIONS";
+    const ALLOW_HELP: &'static str =
+        "Dubbo providers of these versions (no version is the empty one, matched by `*`)";
+    const DENY_HELP: &'static str = "Dubbo providers of these versions";
 }
 
 impl ZookeeperConfig {
@@ -198,12 +209,9 @@ mod tests {
             zk_request_timeout: Duration::from_secs(10),
             zk_concurrency: 8,
             dubbo_discovery: DubboDiscovery::Interface,
-            services: vec![],
-            exclude_services: vec![],
-            dubbo_groups: vec![],
-            exclude_dubbo_groups: vec![],
-            dubbo_versions: vec![],
-            exclude_dubbo_versions: vec![],
+            services: Default::default(),
+            dubbo_groups: Default::default(),
+            dubbo_versions: Default::default(),
         };
         assert_eq!(
             cfg.roots(),

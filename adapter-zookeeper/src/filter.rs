@@ -51,9 +51,9 @@ impl Filters {
     /// From the command line.
     pub fn new(cfg: &ZookeeperConfig) -> Self {
         Self {
-            services: Patterns::new(&cfg.services, &cfg.exclude_services),
-            groups: Patterns::new(&cfg.dubbo_groups, &cfg.exclude_dubbo_groups),
-            versions: Patterns::new(&cfg.dubbo_versions, &cfg.exclude_dubbo_versions),
+            services: Patterns::new(&cfg.services.allow, &cfg.services.deny),
+            groups: Patterns::new(&cfg.dubbo_groups.allow, &cfg.dubbo_groups.deny),
+            versions: Patterns::new(&cfg.dubbo_versions.allow, &cfg.dubbo_versions.deny),
         }
     }
 

@@ -1,5 +1,7 @@
-//! The ACL token: a [`Secret`] that never prints, and where it comes from. A token file is
-//! re-read when it changes, so a rotated token is picked up without a restart.
+//! Credentials: a [`Secret`] that never prints, and [`SecretSource`], where one comes from (an
+//! environment variable read once, or a file re-read when it changes, so a rotated token,
+//! password or digest is picked up without a restart). Every adapter's credentials go through
+//! here: Consul's ACL token, Eureka's basic auth, ZooKeeper's digest.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -54,26 +56,31 @@ impl FileStamp {
     }
 }
 
-/// Why the token cannot be had.
+/// Why a secret cannot be had.
 #[derive(Debug, thiserror::Error)]
-#[error("reading the token file {path}: {source}")]
-pub struct TokenError {
-    /// The token file.
+#[error("reading the {what} file {path}: {source}")]
+pub struct SecretError {
+    /// What the file holds (`token`, `credentials`).
+    pub what: &'static str,
+    /// The file.
     pub path: PathBuf,
     /// The I/O error.
     #[source]
     pub source: std::io::Error,
 }
 
-/// Where the ACL token comes from.
+/// Where a secret comes from.
 #[derive(Debug)]
-pub enum TokenSource {
-    /// No token: the agent's default token applies.
+pub enum SecretSource {
+    /// None given.
     None,
-    /// A token given once (`CONSUL_HTTP_TOKEN`).
+    /// A value given once (an environment variable).
     Fixed(Secret),
-    /// A token file, re-read when its stamp changes.
+    /// A file, re-read when its stamp changes; surrounding whitespace is trimmed and an empty
+    /// file is no secret.
     File {
+        /// What it holds, for messages (`token`, `credentials`).
+        what: &'static str,
         /// The file.
         path: PathBuf,
         /// The last version read.
@@ -81,50 +88,62 @@ pub enum TokenSource {
     },
 }
 
-impl TokenSource {
-    /// The file wins over the environment, as for the consul CLI.
-    pub fn new(file: Option<&Path>, env: Option<String>) -> Result<Self, TokenError> {
+impl SecretSource {
+    /// The file wins over the environment value (as for the consul CLI); an empty value is
+    /// none. Fails now when the file cannot be read: a startup error, not a surprise at the
+    /// first request.
+    pub fn new(
+        what: &'static str,
+        file: Option<&Path>,
+        env: Option<String>,
+    ) -> Result<Self, SecretError> {
         let source = match (file, env) {
             (Some(path), _) => Self::File {
+                what,
                 path: path.to_path_buf(),
                 cached: Mutex::new(None),
             },
-            (None, Some(t)) if !t.trim().is_empty() => Self::Fixed(Secret::new(t.trim())),
+            (None, Some(v)) if !v.trim().is_empty() => Self::Fixed(Secret::new(v.trim())),
             (None, _) => Self::None,
         };
-        // A missing file is a startup error, not a surprise at the first request.
         source.current()?;
         Ok(source)
     }
 
-    /// The token to send now (re-reading the file if it changed since the last call).
-    pub fn current(&self) -> Result<Option<Secret>, TokenError> {
+    /// The secret to use now (re-reading the file if it changed since the last call).
+    pub fn current(&self) -> Result<Option<Secret>, SecretError> {
         match self {
             Self::None => Ok(None),
             Self::Fixed(s) => Ok(Some(s.clone())),
-            Self::File { path, cached } => {
+            Self::File { what, path, cached } => {
                 let stamp = FileStamp::of(path);
                 let mut cached = cached.lock().unwrap_or_else(|p| p.into_inner());
-                if let (Some(now), Some((seen, token))) = (stamp, cached.as_ref()) {
+                if let (Some(now), Some((seen, secret))) = (stamp, cached.as_ref()) {
                     if now == *seen {
-                        return Ok(token.clone());
+                        return Ok(secret.clone());
                     }
                 }
-                let bytes = std::fs::read(path).map_err(|source| TokenError {
+                let bytes = std::fs::read(path).map_err(|source| SecretError {
+                    what,
                     path: path.clone(),
                     source,
                 })?;
                 let text = String::from_utf8_lossy(&bytes).trim().to_string();
-                let token = (!text.is_empty()).then(|| Secret::new(text));
+                let secret = (!text.is_empty()).then(|| Secret::new(text));
                 if cached.is_some() {
-                    tracing::info!(path = %path.display(), "Consul token file changed; using the new token.");
+                    tracing::info!(path = %path.display(), "The {what} file changed; using the new {what}.");
                 }
                 if let Some(stamp) = stamp {
-                    *cached = Some((stamp, token.clone()));
+                    *cached = Some((stamp, secret.clone()));
                 }
-                Ok(token)
+                Ok(secret)
             }
         }
+    }
+
+    /// Whether the secret comes from a file (and may change).
+    pub fn is_file(&self) -> bool {
+        matches!(self, Self::File { .. })
     }
 }
 
@@ -137,16 +156,16 @@ mod tests {
         let s = Secret::new("s3cr3t-token");
         assert_eq!(format!("{s:?}"), "***");
         assert_eq!(format!("{s}"), "***");
-        let src = TokenSource::Fixed(s);
+        let src = SecretSource::Fixed(s);
         assert!(!format!("{src:?}").contains("s3cr3t"), "{src:?}");
     }
 
     #[test]
-    fn token_file_is_reread_when_it_changes() {
-        let dir = tempfile_dir();
+    fn a_file_is_reread_when_it_changes_and_wins_over_the_environment() {
+        let dir = temp_dir();
         let path = dir.join("token");
         std::fs::write(&path, "first\n").expect("write");
-        let src = TokenSource::new(Some(&path), Some("ignored".into())).expect("source");
+        let src = SecretSource::new("token", Some(&path), Some("ignored".into())).expect("source");
         assert_eq!(src.current().expect("token"), Some(Secret::new("first")));
         std::fs::write(&path, "second-token").expect("write");
         assert_eq!(
@@ -158,15 +177,18 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_token_file_fails_at_startup() {
-        let e = TokenSource::new(Some(Path::new("/nonexistent/token")), None)
+    fn a_missing_file_fails_at_startup_and_blank_values_are_none() {
+        let e = SecretSource::new("token", Some(Path::new("/nonexistent/token")), None)
             .expect_err("missing file");
         assert!(e.to_string().contains("/nonexistent/token"), "{e}");
+        assert!(e.to_string().contains("token file"), "{e}");
+        let src = SecretSource::new("token", None, Some("  ".into())).expect("source");
+        assert_eq!(src.current().expect("none"), None);
     }
 
-    fn tempfile_dir() -> PathBuf {
+    fn temp_dir() -> PathBuf {
         let d = std::env::temp_dir().join(format!(
-            "adapter-consul-secret-{}-{:?}",
+            "mcp-core-secret-{}-{:?}",
             std::process::id(),
             std::thread::current().id()
         ));

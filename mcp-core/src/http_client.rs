@@ -1,9 +1,10 @@
-//! The HTTP client to Consul, built from the TLS settings and rebuilt when a TLS file changes
-//! (certificate rotation without a restart).
+//! The HTTP client of the adapters that poll a registry over HTTP (Consul, Eureka): built from
+//! TLS files (CA bundle, CA directory, client certificate) and rebuilt when one changes, so a
+//! certificate rotation needs no restart.
 //!
-//! The connection pool keeps at most `max_conns` idle connections: Consul's agent refuses more
-//! than `limits.http_max_conns_per_client` (default 200) open connections from one address, and
-//! idle keep-alive connections count too. The callers bound the requests in flight.
+//! The connection pool keeps at most `max_idle` idle connections per host: Consul's agent refuses
+//! more than `limits.http_max_conns_per_client` (default 200) open connections from one address,
+//! and idle keep-alive connections count too. The callers bound the requests in flight.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -46,8 +47,10 @@ pub enum HttpError {
 }
 
 /// What the HTTP client is built from.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct HttpSettings {
+    /// Who the client talks to, for log lines (`Consul`, `Eureka`).
+    pub peer: &'static str,
     /// CA bundle (PEM).
     pub ca: Option<PathBuf>,
     /// Directory of CA certificates (PEM files).
@@ -58,11 +61,30 @@ pub struct HttpSettings {
     pub verify: bool,
     /// Resolve this name to this address (verify a server name while connecting to an IP).
     pub resolve: Option<(String, SocketAddr)>,
-    /// Idle connections kept.
-    pub max_conns: usize,
+    /// Idle connections kept per host.
+    pub max_idle: usize,
+    /// Longest one request may take (none: the caller bounds it).
+    pub timeout: Option<Duration>,
+    /// Longest a connection may take to open.
+    pub connect_timeout: Duration,
 }
 
 impl HttpSettings {
+    /// Plain settings for `peer`: system roots, verification on, no client certificate.
+    pub fn new(peer: &'static str) -> Self {
+        Self {
+            peer,
+            ca: None,
+            capath: None,
+            identity: None,
+            verify: true,
+            resolve: None,
+            max_idle: usize::MAX,
+            timeout: None,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
     /// Every file the client depends on, with its current stamp.
     fn stamps(&self) -> Vec<(PathBuf, Option<FileStamp>)> {
         let mut files: Vec<PathBuf> = Vec::new();
@@ -87,9 +109,12 @@ impl HttpSettings {
     /// Builds a client from the files as they are now.
     pub fn build(&self) -> Result<reqwest::Client, HttpError> {
         let mut b = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .pool_max_idle_per_host(self.max_conns)
+            .connect_timeout(self.connect_timeout)
+            .pool_max_idle_per_host(self.max_idle)
             .tcp_keepalive(Duration::from_secs(60));
+        if let Some(t) = self.timeout {
+            b = b.timeout(t);
+        }
         let mut cas: Vec<PathBuf> = self.ca.iter().cloned().collect();
         if let Some(dir) = &self.capath {
             // Reading the directory itself must work; its files are the CAs.
@@ -197,12 +222,15 @@ impl ReloadingClient {
             if stamps != cur.stamps {
                 match self.settings.build() {
                     Ok(client) => {
-                        tracing::info!("Consul TLS files changed; new connections use them.");
+                        tracing::info!(
+                            peer = self.settings.peer,
+                            "TLS files changed; new connections use them."
+                        );
                         cur.client = client;
                         cur.stamps = stamps;
                     }
                     Err(error) => {
-                        tracing::warn!(%error, "Consul TLS files changed but cannot be used yet; keeping the previous ones.");
+                        tracing::warn!(peer = self.settings.peer, %error, "TLS files changed but cannot be used yet; keeping the previous ones.");
                     }
                 }
             }

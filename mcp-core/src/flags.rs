@@ -1,0 +1,286 @@
+//! Flag groups that several adapters declare, each under names of its own: an allow/deny
+//! filter (`--service`/`--exclude-service` for Consul and ZooKeeper, `--app`/`--exclude-app`
+//! for Eureka, ...) and the TLS files of a registry client (`--consul-ca`, `--eureka-ca`, ...).
+//!
+//! The meaning, the parsing and the help text are written once here; an adapter names its
+//! flags by implementing [`FilterNames`] or [`TlsNames`] on a marker type and flattens
+//! [`FilterFlags`] / [`TlsFlags`] into its `clap::Args` struct.
+
+use std::marker::PhantomData;
+use std::path::PathBuf;
+
+use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
+
+use crate::filter::NameFilter;
+use crate::http_client::HttpSettings;
+
+/// The names of one allow/deny filter pair.
+pub trait FilterNames: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// The allow-list flag (`service`).
+    const ALLOW: &'static str;
+    /// Its environment variable (`MCP_CONSUL_SERVICES`).
+    const ALLOW_ENV: &'static str;
+    /// The deny-list flag (`exclude-service`).
+    const DENY: &'static str;
+    /// Its environment variable (`MCP_CONSUL_EXCLUDE_SERVICES`).
+    const DENY_ENV: &'static str;
+    /// What the allow list selects, for `--help` (`these services`).
+    const ALLOW_HELP: &'static str;
+    /// What the deny list removes, for `--help` (`these services`).
+    const DENY_HELP: &'static str;
+}
+
+/// An allow list and a deny list of names or globs (`*`, `?`), each comma-separated or repeated:
+/// a name passes when the allow list is empty or matches it, and the deny list does not.
+#[derive(Clone, Debug)]
+pub struct FilterFlags<N> {
+    /// The allow list (empty: everything).
+    pub allow: Vec<String>,
+    /// The deny list (it wins).
+    pub deny: Vec<String>,
+    names: PhantomData<N>,
+}
+
+impl<N> Default for FilterFlags<N> {
+    fn default() -> Self {
+        Self {
+            allow: Vec::new(),
+            deny: Vec::new(),
+            names: PhantomData,
+        }
+    }
+}
+
+impl<N: FilterNames> FilterFlags<N> {
+    /// From lists (for tests and programs that build configs by hand).
+    pub fn new(allow: Vec<String>, deny: Vec<String>) -> Self {
+        Self {
+            allow,
+            deny,
+            names: PhantomData,
+        }
+    }
+
+    /// The filter these flags describe.
+    pub fn filter(&self) -> NameFilter {
+        NameFilter::new(self.allow.clone(), self.deny.clone())
+    }
+}
+
+fn list(name: &'static str, env: &'static str, help: String) -> Arg {
+    Arg::new(name)
+        .long(name)
+        .env(env)
+        .value_delimiter(',')
+        .action(ArgAction::Append)
+        .value_name("NAME")
+        .help(help)
+}
+
+impl<N: FilterNames> Args for FilterFlags<N> {
+    fn augment_args(cmd: Command) -> Command {
+        cmd.arg(list(
+            N::ALLOW,
+            N::ALLOW_ENV,
+            format!(
+                "Only {} (names or globs with `*` and `?`; comma-separated or repeated)",
+                N::ALLOW_HELP
+            ),
+        ))
+        .arg(list(
+            N::DENY,
+            N::DENY_ENV,
+            format!(
+                "Never {} (names or globs; wins over --{})",
+                N::DENY_HELP,
+                N::ALLOW
+            ),
+        ))
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+fn strings(m: &ArgMatches, id: &str) -> Vec<String> {
+    m.get_many::<String>(id)
+        .map(|v| v.cloned().collect())
+        .unwrap_or_default()
+}
+
+impl<N: FilterNames> FromArgMatches for FilterFlags<N> {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self::new(strings(m, N::ALLOW), strings(m, N::DENY)))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+/// The names of a registry client's TLS flags.
+pub trait TlsNames: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// Who the client talks to, for `--help` and logs (`Consul`).
+    const PEER: &'static str;
+    /// CA bundle flag (`consul-ca`) and its environment variable (`CONSUL_CACERT`).
+    const CA: (&'static str, &'static str);
+    /// Client certificate flag and variable.
+    const CERT: (&'static str, &'static str);
+    /// Client key flag and variable.
+    const KEY: (&'static str, &'static str);
+}
+
+/// A CA bundle to verify the registry's HTTPS certificate (beside the system roots) and a client
+/// certificate for registries that ask for one; all PEM files, re-read when they change.
+#[derive(Clone, Debug)]
+pub struct TlsFlags<N> {
+    /// CA bundle.
+    pub ca: Option<PathBuf>,
+    /// Client certificate.
+    pub client_cert: Option<PathBuf>,
+    /// Key of the client certificate.
+    pub client_key: Option<PathBuf>,
+    names: PhantomData<N>,
+}
+
+impl<N> Default for TlsFlags<N> {
+    fn default() -> Self {
+        Self {
+            ca: None,
+            client_cert: None,
+            client_key: None,
+            names: PhantomData,
+        }
+    }
+}
+
+impl<N: TlsNames> TlsFlags<N> {
+    /// HTTP client settings with these files (verification on, no idle cap, no timeout).
+    pub fn settings(&self) -> HttpSettings {
+        let mut s = HttpSettings::new(N::PEER);
+        s.ca = self.ca.clone();
+        s.identity = self.client_cert.clone().zip(self.client_key.clone());
+        s
+    }
+}
+
+fn file(flag: (&'static str, &'static str), help: String) -> Arg {
+    Arg::new(flag.0)
+        .long(flag.0)
+        .env(flag.1)
+        .value_name("FILE")
+        .value_parser(clap::value_parser!(PathBuf))
+        .help(help)
+}
+
+impl<N: TlsNames> Args for TlsFlags<N> {
+    fn augment_args(cmd: Command) -> Command {
+        cmd.arg(file(
+            N::CA,
+            format!(
+                "CA bundle (PEM) to verify {}'s HTTPS certificate, beside the system roots (re-read when it changes)",
+                N::PEER
+            ),
+        ))
+        .arg(
+            file(
+                N::CERT,
+                format!(
+                    "Client certificate (PEM) for {} servers that ask for one",
+                    N::PEER
+                ),
+            )
+            .requires(N::KEY.0),
+        )
+        .arg(file(N::KEY, "Key (PEM) of the client certificate".into()).requires(N::CERT.0))
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl<N: TlsNames> FromArgMatches for TlsFlags<N> {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let path = |id: &str| m.get_one::<PathBuf>(id).cloned();
+        Ok(Self {
+            ca: path(N::CA.0),
+            client_cert: path(N::CERT.0),
+            client_key: path(N::KEY.0),
+            names: PhantomData,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Clone, Debug)]
+    struct Apps;
+    impl FilterNames for Apps {
+        const ALLOW: &'static str = "app";
+        const ALLOW_ENV: &'static str = "TEST_FLAGS_APPS";
+        const DENY: &'static str = "exclude-app";
+        const DENY_ENV: &'static str = "TEST_FLAGS_EXCLUDE_APPS";
+        const ALLOW_HELP: &'static str = "these apps";
+        const DENY_HELP: &'static str = "these apps";
+    }
+
+    #[derive(Clone, Debug)]
+    struct Peer;
+    impl TlsNames for Peer {
+        const PEER: &'static str = "Peer";
+        const CA: (&'static str, &'static str) = ("peer-ca", "TEST_FLAGS_PEER_CA");
+        const CERT: (&'static str, &'static str) = ("peer-client-cert", "TEST_FLAGS_PEER_CERT");
+        const KEY: (&'static str, &'static str) = ("peer-client-key", "TEST_FLAGS_PEER_KEY");
+    }
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        apps: FilterFlags<Apps>,
+        #[command(flatten)]
+        tls: TlsFlags<Peer>,
+    }
+
+    #[test]
+    fn flags_under_the_adapters_names() {
+        Cli::command_for_test().debug_assert();
+        let cli = Cli::try_parse_from([
+            "x",
+            "--app",
+            "a,b*",
+            "--app",
+            "c",
+            "--exclude-app",
+            "bad",
+            "--peer-ca",
+            "ca.pem",
+        ])
+        .expect("parses");
+        assert_eq!(cli.apps.allow, ["a", "b*", "c"]);
+        assert_eq!(cli.apps.deny, ["bad"]);
+        assert!(cli.apps.filter().allows("a") && !cli.apps.filter().allows("bad"));
+        assert_eq!(cli.tls.ca, Some(PathBuf::from("ca.pem")));
+        assert_eq!(cli.tls.settings().peer, "Peer");
+        // A certificate without its key is refused, as before.
+        assert!(Cli::try_parse_from(["x", "--peer-client-cert", "c.pem"]).is_err());
+        let defaults = Cli::try_parse_from(["x"]).expect("parses");
+        assert!(defaults.apps.allow.is_empty() && defaults.tls.client_cert.is_none());
+    }
+
+    impl Cli {
+        fn command_for_test() -> Command {
+            <Self as clap::CommandFactory>::command()
+        }
+    }
+}
