@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mcp_core::parse;
+use mcp_core::telemetry::error_chain;
 use mcpctl::render;
 use mcpctl::sink::{ApiVersion, Received, Sink, SinkOptions, TlsOptions, Update};
 
@@ -188,15 +189,7 @@ async fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             // Like `{:#}`, but skips causes whose text an outer message already includes.
-            let mut msg = e.to_string();
-            for cause in e.chain().skip(1) {
-                let c = cause.to_string();
-                if !msg.contains(&c) {
-                    msg.push_str(": ");
-                    msg.push_str(&c);
-                }
-            }
-            eprintln!("mcpctl: error: {msg}");
+            eprintln!("mcpctl: error: {}", error_chain(&*e));
             ExitCode::FAILURE
         }
     }

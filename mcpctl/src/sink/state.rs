@@ -1,8 +1,9 @@
-//! Decoding received resources and applying responses to the sink's state.
+//! The state a sink keeps: decoding received resources, applying responses to the state, and
+//! the [`Update`] each applied response yields.
 //!
 //! Everything here is pure (no I/O), so how each protocol's response changes the state can be
-//! tested without a server. [`super::Sink`] only moves messages between the wire and these
-//! functions.
+//! tested without a server. [`super::Sink`] only moves messages between the wire (the sink's
+//! transport) and these functions.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -32,6 +33,25 @@ pub struct Received {
     pub annotations: BTreeMap<String, String>,
     /// The decoded body.
     pub spec: ServiceEntry,
+}
+
+/// One applied response.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Update {
+    /// When the response was received.
+    pub at: SystemTime,
+    /// `version_info` (xds) or `system_version_info` (delta, mcp).
+    pub version_info: String,
+    /// The response nonce (which was ACKed).
+    pub nonce: String,
+    /// The full state after applying the response, keyed by `namespace/name`.
+    pub state: BTreeMap<String, Received>,
+    /// See [`Applied::upserted`].
+    pub upserted: Vec<String>,
+    /// See [`Applied::removed`].
+    pub removed: Vec<String>,
+    /// Whether the response was incremental (always for delta, never for xds).
+    pub incremental: bool,
 }
 
 /// A resource that could not be decoded. Each variant names the resource, so a bad resource in a
@@ -118,7 +138,7 @@ pub enum Change {
     },
 }
 
-/// What [`apply`] did, for [`super::Update`].
+/// What [`apply`] did, for [`Update`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Applied {
     /// For [`Change::Replace`] every name in the response; for [`Change::Patch`] the upserts,
