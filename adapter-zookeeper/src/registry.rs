@@ -27,7 +27,7 @@
 //!   with a new `Reset`.
 //!
 //! The registry's state is held once, per service directory ([`DirState`]); what was sent is
-//! remembered as content hashes ([`Served`]), not as a second copy of the services.
+//! remembered as content hashes ([`Sent`]), not as a second copy of the services.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -44,7 +44,7 @@ use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 use zookeeper_async::{WatchedEvent, ZkError, ZkState, ZooKeeper};
 
-use crate::assemble::{assemble, Assembled, Built, Served};
+use crate::assemble::{assemble, Assembled, Built, Sent};
 use crate::client::{is_terminal, Client, Clients};
 use crate::config::{DubboDiscovery, Layout, ZookeeperConfig};
 use crate::convert::{convert_curator, convert_dubbo, Converted, Kind};
@@ -216,8 +216,8 @@ struct Model {
     dirs: BTreeMap<String, BTreeSet<Dir>>,
     /// What each directory holds.
     states: BTreeMap<Dir, DirState>,
-    /// What was sent, per service (hashes, not the services: see [`Served`]).
-    served: BTreeMap<ServiceKey, Served>,
+    /// What was sent, per service (hashes, not the services: see [`Sent`]).
+    served: BTreeMap<ServiceKey, Sent>,
     /// Services hidden because the other Dubbo registration serves their endpoints.
     hidden: BTreeSet<ServiceKey>,
     /// How many directories produce each service key (before assembling). Services affect
@@ -530,7 +530,7 @@ impl Model {
             served.clear();
             let mut all = Vec::with_capacity(services.len());
             for (key, built) in services {
-                served.insert(key.into_owned(), Served::of(&built));
+                served.insert(key.into_owned(), Sent::of(&built));
                 all.push(built.service.into_owned());
             }
             vec![RegistryEvent::Reset(all)]
@@ -597,7 +597,7 @@ impl Model {
                 continue;
             }
             self.served
-                .insert(service.key.clone(), Served::new(service, hash));
+                .insert(service.key.clone(), Sent::new(service, hash));
             upserts.push(RegistryEvent::Upsert(service.clone()));
         }
         removals.extend(upserts);
@@ -607,7 +607,7 @@ impl Model {
 
 /// Brings `served` up to `next`: removals of what went, upserts of what is new or changed.
 fn changes(
-    served: &mut BTreeMap<ServiceKey, Served>,
+    served: &mut BTreeMap<ServiceKey, Sent>,
     next: BTreeMap<Cow<'_, ServiceKey>, Built<'_>>,
 ) -> Vec<RegistryEvent> {
     // Both are sorted by key: one pass over the two, no lookup per service.
@@ -632,7 +632,7 @@ fn changes(
         events.push(RegistryEvent::Remove(key));
     }
     for (key, built) in changed {
-        served.insert(key.into_owned(), Served::of(&built));
+        served.insert(key.into_owned(), Sent::of(&built));
         events.push(RegistryEvent::Upsert(built.service.into_owned()));
     }
     events
