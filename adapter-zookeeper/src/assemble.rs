@@ -48,7 +48,7 @@ pub struct Built<'a> {
 /// What was sent for one service: not the service (the directories hold the only copy), just
 /// enough to tell whether it changed and which interface held its name.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Served {
+pub struct Sent {
     /// Content hash of the service as sent.
     pub hash: u64,
     /// The Dubbo interface it serves, if any: of two interfaces sharing a name, the one served
@@ -56,7 +56,7 @@ pub struct Served {
     pub interface: Option<String>,
 }
 
-impl Served {
+impl Sent {
     /// What to remember of `service`, sent with content hash `hash`.
     pub fn new(service: &Service, hash: u64) -> Self {
         Self {
@@ -106,7 +106,7 @@ fn endpoint_addrs(s: &Service) -> impl Iterator<Item = (usize, (&str, u32))> + '
 pub fn assemble<'a>(
     dirs: impl IntoIterator<Item = (&'a str, &'a Converted, Option<u64>)>,
     discovery: DubboDiscovery,
-    served: &BTreeMap<ServiceKey, Served>,
+    served: &BTreeMap<ServiceKey, Sent>,
     hidden: &BTreeSet<ServiceKey>,
 ) -> Assembled<'a> {
     let mut out = Assembled::default();
@@ -163,7 +163,7 @@ pub fn assemble<'a>(
 /// Gives every Dubbo interface but one of those sharing a name its hashed name.
 fn rename_colliding_interfaces(
     cands: &mut [Candidate<'_>],
-    served: &BTreeMap<ServiceKey, Served>,
+    served: &BTreeMap<ServiceKey, Sent>,
     problems: &mut BTreeMap<String, Vec<String>>,
 ) {
     // (name, interface, candidate), borrowed: most registries have no collision, and this runs
@@ -367,9 +367,9 @@ mod tests {
         assert!(out.services.contains_key(&ServiceKey::new("com.foo.api")));
         assert!(out.problems["s2"][0].contains("com.foo.API and com.foo.Api"));
         // What is served keeps its name when a newcomer arrives, whatever the spelling.
-        let served: BTreeMap<ServiceKey, Served> = [(
+        let served: BTreeMap<ServiceKey, Sent> = [(
             ServiceKey::new("com.foo.api"),
-            Served {
+            Sent {
                 hash: 0,
                 interface: Some("com.foo.Api".into()),
             },
@@ -502,7 +502,7 @@ mod tests {
         assert_eq!(trimmed.service.endpoints.len(), 1);
         assert_eq!(trimmed.hash, trimmed.service.content_hash());
         assert_eq!(out.services[&ServiceKey::new("com.foo.api")].hash, 1);
-        let sent = Served::of(&out.services[&ServiceKey::new("com.foo.api")]);
+        let sent = Sent::of(&out.services[&ServiceKey::new("com.foo.api")]);
         assert_eq!(sent.interface.as_deref(), Some("com.foo.Api"));
     }
 }
