@@ -30,6 +30,7 @@
 //! held once, per service directory, in [`crate::model`] (which also works out what a change
 //! sends); the requests that read ZooKeeper and arm its watches are [`crate::reads`].
 
+use mcp_core::secret::{Secret, SecretSource};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,6 +73,14 @@ pub enum ConfigError {
     NoRoot,
 }
 
+/// Digest credentials are `user:password` with a user.
+fn check_digest(d: &Secret) -> Result<(), ConfigError> {
+    match d.expose().split_once(':') {
+        Some((user, _)) if !user.is_empty() => Ok(()),
+        _ => Err(ConfigError::Digest),
+    }
+}
+
 /// ZooKeeper as a watched registry.
 #[derive(Clone)]
 pub struct ZookeeperRegistry {
@@ -92,7 +101,7 @@ struct Inner {
     request_timeout: Duration,
     resync: Duration,
     concurrency: usize,
-    digest: Option<String>,
+    digest: SecretSource,
     roots: Vec<(String, Layout)>,
     filters: Filters,
     discovery: DubboDiscovery,
@@ -104,30 +113,20 @@ struct Inner {
 }
 
 impl ZookeeperRegistry {
-    /// Builds the registry; digest credentials come from `ZK_DIGEST` or `--zk-digest-file`.
+    /// Builds the registry; digest credentials come from `--zk-digest-file` (re-read when it
+    /// changes: a new session uses the rotated credentials) or `ZK_DIGEST`.
     pub fn new(cfg: &ZookeeperConfig) -> Result<Self, ConfigError> {
-        let digest = match &cfg.zk_digest_file {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .map_err(|error| ConfigError::DigestFile {
-                        path: path.display().to_string(),
-                        error,
-                    })?
-                    .trim()
-                    .to_string(),
-            ),
-            None => std::env::var("ZK_DIGEST").ok().filter(|d| !d.is_empty()),
-        };
-        Self::with_digest(cfg, digest)
-    }
-
-    /// Builds the registry with explicit digest credentials (tests).
-    pub fn with_digest(cfg: &ZookeeperConfig, digest: Option<String>) -> Result<Self, ConfigError> {
-        if digest
-            .as_deref()
-            .is_some_and(|d| d.split_once(':').is_none_or(|(u, _)| u.is_empty()))
-        {
-            return Err(ConfigError::Digest);
+        let digest = SecretSource::new(
+            "digest",
+            cfg.zk_digest_file.as_deref(),
+            std::env::var("ZK_DIGEST").ok(),
+        )
+        .map_err(|e| ConfigError::DigestFile {
+            path: e.path.display().to_string(),
+            error: e.source,
+        })?;
+        if let Some(d) = digest.current().ok().flatten() {
+            check_digest(&d)?;
         }
         let roots = cfg.roots();
         if roots.is_empty() {
@@ -382,8 +381,12 @@ impl Session<'_> {
 
     /// Re-lists every root and directory and sends the result (`Reset` when `reset`).
     async fn full_list(&mut self, tx: &EventSender, reset: bool) -> Result<(), RegistryError> {
-        if let Some(d) = &self.inner.digest {
-            self.reader.add_auth(d).await?;
+        let digest = self.inner.digest.current().map_err(|e| {
+            RegistryError::Unavailable(format!("cannot read --zk-digest-file: {e}"))
+        })?;
+        if let Some(d) = digest {
+            check_digest(&d).map_err(|e| RegistryError::Unauthorized(e.to_string()))?;
+            self.reader.add_auth(d.expose()).await?;
         }
         for (root, layout) in self.inner.roots.clone() {
             self.list_root(&root, layout).await?;
