@@ -400,12 +400,39 @@ fn dockerfile_builds_once_and_yields_one_nonroot_image_per_adapter() {
         "the builder must build every binary once"
     );
 
-    // One final stage per adapter of the workspace, and no other final stage.
-    let finals: Vec<&Stage> = stages.iter().filter(|s| s.name != builder.name).collect();
+    // One shared runtime stage (distroless, nonroot, mcpctl, health check, listen addresses)
+    // and one final stage per adapter of the workspace on top of it, and no other stage.
+    let finals: Vec<&Stage> = stages
+        .iter()
+        .filter(|s| s.name != builder.name && names.contains(&s.base.as_str()))
+        .collect();
     let final_names: BTreeSet<String> = finals.iter().map(|s| s.name.clone()).collect();
     assert_eq!(final_names, workspace_adapters(), "one target per adapter");
+    let runtimes: BTreeSet<&str> = finals.iter().map(|s| s.base.as_str()).collect();
+    assert_eq!(runtimes.len(), 1, "one shared runtime stage: {runtimes:?}");
+    let runtime = stages
+        .iter()
+        .find(|s| runtimes.contains(s.name.as_str()))
+        .expect("the runtime stage");
+    assert!(
+        runtime.base.starts_with("gcr.io/distroless/"),
+        "runtime on distroless: {}",
+        runtime.base
+    );
+    assert_eq!(
+        stages.len(),
+        finals.len() + 2,
+        "only the builder, the runtime and the adapters' stages: {names:?}"
+    );
     for s in finals {
         let n = &s.name;
+        // What the image holds: the runtime's instructions, then the adapter's own.
+        let image = Stage {
+            name: n.clone(),
+            base: runtime.base.clone(),
+            lines: runtime.lines.iter().chain(&s.lines).cloned().collect(),
+        };
+        let s = &image;
         let copies = instr(s, "COPY").join(" ");
         assert!(
             copies.contains(&format!("--from={}", builder.name))
