@@ -15,22 +15,28 @@
 //! Consul itself failing (the change watches fail, or every request of a sweep cannot connect)
 //! ends the watch with an error: the core then keeps serving the last good state, marks the
 //! source unhealthy, backs off and starts a new watch, which re-lists everything.
+//!
+//! This module is the registry itself and the loop of one watch: what the change watches say
+//! decides what is swept. Which services are read and when is [`sweep`], reading many at once
+//! [`fetch`], and what follows from reading one (its events, problems and retries) [`service`].
+
+mod fetch;
+mod service;
+mod sweep;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use futures::stream::{self, BoxStream, StreamExt};
-use mcp_core::{
-    channel_stream, EventSender, Registry, RegistryError, RegistryEvent, Service, ServiceKey,
-};
+use futures::stream::BoxStream;
+use mcp_core::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent, Service};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::client::{CheckState, ConsulClient, ConsulError, Indexed};
+use crate::client::{CheckState, ConsulClient, ConsulError};
 use crate::config::{ConsulConfig, MAX_CONCURRENCY};
-use crate::convert::{convert, ConvertSettings, HealthEntry};
-use crate::watch::{self, Backoff, Kind, Signal};
+use crate::convert::ConvertSettings;
+use crate::watch::{self, Kind, Signal};
 use mcp_core::filter::NameFilter;
 use mcp_core::problems::ProblemLedger;
 
@@ -100,272 +106,9 @@ impl Registry for ConsulRegistry {
     }
 }
 
-/// What one watch knows of one service.
-#[derive(Debug, Default)]
-struct Known {
-    /// `X-Consul-Index` of its last good fetch; 0 = fetch it at the next sweep.
-    index: u64,
-    /// An `Upsert` of it is being served.
-    served: bool,
-    /// Conversion problems of its last good state.
-    problems: Vec<String>,
-    /// Failing: failures in a row and when to try again.
-    retry: Option<(Backoff, Instant)>,
-}
-
-/// The outcome of looking at one service during a sweep.
-enum Looked {
-    /// Its index did not move.
-    Unchanged,
-    /// It changed: its new state.
-    Fetched(Indexed<Vec<HealthEntry>>),
-}
-
 impl Inner {
     fn wanted(&self, name: &str) -> bool {
         self.filter.allows(name)
-    }
-}
-
-/// Scopes of per-service problems start with this.
-const SCOPE_PREFIX: &str = "consul service ";
-
-fn problem_scope(name: &str) -> String {
-    format!("{SCOPE_PREFIX}{name}")
-}
-
-impl Inner {
-    /// Sends a service's problems when it has some, or had some before (to clear them).
-    async fn report(
-        &self,
-        tx: &EventSender,
-        name: &str,
-        problems: Vec<String>,
-    ) -> Result<(), RegistryError> {
-        let event = self
-            .reported
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .update(&problem_scope(name), problems);
-        if let Some(event) = event {
-            tx.send(event).await?;
-        }
-        Ok(())
-    }
-
-    /// Converts a fetched service and records it; the service to serve, if any.
-    async fn accept(
-        &self,
-        tx: &EventSender,
-        name: &str,
-        known: &mut Known,
-        list: Indexed<Vec<HealthEntry>>,
-    ) -> Result<Option<Service>, RegistryError> {
-        let c = convert(name, &list.value, &self.settings);
-        for p in &c.problems {
-            tracing::warn!(service = %name, problem = %p, "Skipped part of a Consul service.");
-        }
-        if known.retry.take().is_some() {
-            tracing::info!(service = %name, "Consul service readable again.");
-        }
-        known.index = list.index;
-        known.problems = c.problems.clone();
-        self.report(tx, name, c.problems).await?;
-        let mut last = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
-        match &c.service {
-            Some(s) => {
-                last.insert(name.to_string(), s.clone());
-            }
-            None => {
-                last.remove(name);
-            }
-        }
-        Ok(c.service)
-    }
-
-    /// One service could not be read: keep what is served of it, say why on its problems, and
-    /// try it again alone after its own backoff.
-    async fn failed(
-        &self,
-        tx: &EventSender,
-        name: &str,
-        known: &mut Known,
-        error: &ConsulError,
-    ) -> Result<(), RegistryError> {
-        let mut backoff = known.retry.map_or(Backoff { failures: 0 }, |(b, _)| b);
-        let delay = backoff.fail();
-        known.retry = Some((backoff, Instant::now() + delay));
-        tracing::warn!(service = %name, %error, failures = backoff.failures, retry_in = ?delay, "Cannot read a Consul service; serving its last good state.");
-        let mut problems = known.problems.clone();
-        problems.push(format!(
-            "consul service {name}: cannot be read ({error}); its last good state stays served; retrying it alone (failures in a row: {})",
-            backoff.failures
-        ));
-        self.report(tx, name, problems).await
-    }
-
-    /// Applies a fetched service: `Upsert`, or `Remove` when it no longer has instances to serve.
-    async fn apply(
-        &self,
-        tx: &EventSender,
-        name: &str,
-        known: &mut Known,
-        list: Indexed<Vec<HealthEntry>>,
-    ) -> Result<(), RegistryError> {
-        match self.accept(tx, name, known, list).await? {
-            Some(s) => {
-                known.served = true;
-                tx.send(RegistryEvent::Upsert(s)).await?;
-            }
-            None => {
-                if std::mem::take(&mut known.served) {
-                    tx.send(RegistryEvent::Remove(ServiceKey::new(name)))
-                        .await?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Looks at every named service with bounded concurrency: a service whose own index did
-    /// not move costs one request with an empty answer; a changed one is fetched.
-    async fn look(&self, names: Vec<(String, u64)>) -> Vec<(String, Result<Looked, ConsulError>)> {
-        stream::iter(names)
-            .map(|(name, old)| {
-                let client = self.client.clone();
-                async move {
-                    let r = async {
-                        if old != 0 && client.health_index(&name).await? == old {
-                            return Ok(Looked::Unchanged);
-                        }
-                        Ok(Looked::Fetched(client.health(&name).await?))
-                    }
-                    .await;
-                    (name, r)
-                }
-            })
-            .buffer_unordered(self.concurrency)
-            .collect()
-            .await
-    }
-
-    /// Fails the whole watch when Consul itself is down (every request failed to connect):
-    /// that is the registry's health, not one service's.
-    fn all_unreachable(results: &[(String, Result<Looked, ConsulError>)]) -> Option<ConsulError> {
-        let unreachable =
-            |r: &Result<Looked, ConsulError>| matches!(r, Err(ConsulError::Unreachable { .. }));
-        if results.is_empty() || !results.iter().all(|(_, r)| unreachable(r)) {
-            return None;
-        }
-        results.iter().find_map(|(_, r)| match r {
-            Err(ConsulError::Unreachable { addr, message }) => Some(ConsulError::Unreachable {
-                addr: addr.clone(),
-                message: message.clone(),
-            }),
-            _ => None,
-        })
-    }
-
-    /// Sweeps the services due for a look (not waiting for a retry), or fetches the `named`
-    /// ones (their health changed), and applies what changed.
-    async fn sweep(
-        &self,
-        tx: &EventSender,
-        known: &mut HashMap<String, Known>,
-        named: Option<&BTreeSet<String>>,
-    ) -> Result<(), ConsulError> {
-        let due: Vec<(String, u64)> = known
-            .iter()
-            .filter(|(_, k)| k.retry.is_none())
-            .filter_map(|(n, k)| match named {
-                None => Some((n.clone(), k.index)),
-                Some(names) => names.contains(n).then(|| (n.clone(), 0)),
-            })
-            .collect();
-        let started = std::time::Instant::now();
-        let looked = due.len();
-        let results = self.look(due).await;
-        if let Some(e) = Self::all_unreachable(&results) {
-            return Err(e);
-        }
-        let mut changed = 0usize;
-        for (name, r) in results {
-            let Some(k) = known.get_mut(&name) else {
-                continue;
-            };
-            match r {
-                Ok(Looked::Unchanged) => {}
-                Ok(Looked::Fetched(list)) => {
-                    changed += 1;
-                    self.apply(tx, &name, k, list).await.map_err(|_| ended())?;
-                }
-                Err(e) => self.failed(tx, &name, k, &e).await.map_err(|_| ended())?,
-            }
-        }
-        tracing::debug!(looked, changed, took = ?started.elapsed(), "Swept Consul services.");
-        Ok(())
-    }
-
-    /// Tries again the failing services whose backoff has passed.
-    async fn retry(
-        &self,
-        tx: &EventSender,
-        known: &mut HashMap<String, Known>,
-    ) -> Result<(), ConsulError> {
-        let now = Instant::now();
-        let due: Vec<(String, u64)> = known
-            .iter()
-            .filter(|(_, k)| k.retry.is_some_and(|(_, at)| at <= now))
-            .map(|(n, _)| (n.clone(), 0))
-            .collect();
-        for (name, r) in self.look(due).await {
-            let Some(k) = known.get_mut(&name) else {
-                continue;
-            };
-            match r {
-                Ok(Looked::Fetched(list)) => self.apply(tx, &name, k, list).await,
-                Ok(Looked::Unchanged) => Ok(()),
-                Err(e) => self.failed(tx, &name, k, &e).await,
-            }
-            .map_err(|_| ended())?;
-        }
-        Ok(())
-    }
-
-    /// Follows a change of the catalog's service list: new services are looked at in the next
-    /// sweep, vanished ones removed.
-    async fn follow_catalog(
-        &self,
-        tx: &EventSender,
-        known: &mut HashMap<String, Known>,
-        names: impl Iterator<Item = String>,
-    ) -> Result<(), RegistryError> {
-        let now: BTreeSet<String> = names.filter(|n| self.wanted(n)).collect();
-        for name in &now {
-            if !known.contains_key(name) {
-                tracing::info!(service = %name, "Consul service appeared.");
-                known.insert(name.clone(), Known::default());
-            }
-        }
-        let gone: Vec<String> = known
-            .keys()
-            .filter(|n| !now.contains(*n))
-            .cloned()
-            .collect();
-        for name in gone {
-            tracing::info!(service = %name, "Consul service vanished.");
-            let served = known.remove(&name).is_some_and(|k| k.served);
-            self.last_good
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&name);
-            if served {
-                tx.send(RegistryEvent::Remove(ServiceKey::new(name.clone())))
-                    .await?;
-            }
-            self.report(tx, &name, Vec::new()).await?;
-        }
-        Ok(())
     }
 
     async fn watch(self: Arc<Self>, tx: EventSender) -> Result<(), ConsulError> {
@@ -374,74 +117,7 @@ impl Inner {
         let mut unhealthy: BTreeSet<CheckState> = checks.value.into_iter().collect();
         let nodes = self.client.nodes_index(None).await?;
         let catalog = self.client.services(None).await?;
-        let mut known: HashMap<String, Known> = catalog
-            .value
-            .keys()
-            .filter(|n| self.wanted(n))
-            .map(|n| (n.clone(), Known::default()))
-            .collect();
-        tracing::info!(addr = %self.client.addr(), services = known.len(), "Listing Consul services.");
-        let started = std::time::Instant::now();
-        let names = known.keys().map(|n| (n.clone(), 0)).collect();
-        let results = self.look(names).await;
-        if let Some(e) = Self::all_unreachable(&results) {
-            return Err(e);
-        }
-        let mut services = Vec::with_capacity(results.len());
-        for (name, r) in results {
-            let Some(k) = known.get_mut(&name) else {
-                continue;
-            };
-            match r {
-                Ok(Looked::Fetched(list)) => {
-                    if let Some(s) = self
-                        .accept(&tx, &name, k, list)
-                        .await
-                        .map_err(|_| ended())?
-                    {
-                        k.served = true;
-                        services.push(s);
-                    }
-                }
-                Ok(Looked::Unchanged) => {}
-                Err(e) => {
-                    // Not readable now: what was served of it before this re-list stays.
-                    let last = self
-                        .last_good
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get(&name)
-                        .cloned();
-                    if let Some(s) = last {
-                        k.served = true;
-                        services.push(s);
-                    }
-                    self.failed(&tx, &name, k, &e).await.map_err(|_| ended())?;
-                }
-            }
-        }
-        tracing::info!(services = services.len(), took = ?started.elapsed(), "Listed Consul services.");
-        {
-            let mut last = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
-            last.retain(|n, _| known.get(n).is_some_and(|k| k.served));
-        }
-        tx.send(RegistryEvent::Reset(services))
-            .await
-            .map_err(|_| ended())?;
-        let stale: Vec<String> = {
-            let reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
-            reported
-                .scopes()
-                .filter_map(|s| s.strip_prefix(SCOPE_PREFIX))
-                .filter(|n| !known.contains_key(*n))
-                .map(str::to_string)
-                .collect()
-        };
-        for name in stale {
-            self.report(&tx, &name, Vec::new())
-                .await
-                .map_err(|_| ended())?;
-        }
+        let mut known = self.relist(&tx, catalog.value.keys()).await?;
 
         let (sig_tx, mut signals) = mpsc::channel::<Signal>(16);
         // Dropping the set (when this function returns) stops the watches.
@@ -458,7 +134,7 @@ impl Inner {
         loop {
             let next_retry = known
                 .values()
-                .filter_map(|k| k.retry.map(|(_, at)| at))
+                .filter_map(|k| k.retry.as_ref().map(|r| r.at))
                 .min();
             let first = tokio::select! {
                 s = signals.recv() => s,
@@ -543,6 +219,7 @@ mod tests {
     use std::time::Duration;
 
     use clap::Parser;
+    use futures::StreamExt;
 
     use super::*;
     use crate::fake::{one_instance, FakeConsul, Reply};

@@ -1,5 +1,5 @@
 //! The blocking-query loops that say *that* something changed in Consul, and the pacing rules
-//! they and the per-service retries follow.
+//! they follow.
 //!
 //! Three queries stay open: the catalog's service list (registrations, tags), the checks that are
 //! not passing (health changes), and every node (node addresses; a filter that matches nothing
@@ -64,27 +64,6 @@ pub fn next_index(previous: u64, returned: u64) -> (u64, bool) {
         (1, true)
     } else {
         (returned, returned != previous)
-    }
-}
-
-/// Per-service retry delays: doubling from [`Backoff::FIRST`] up to [`Backoff::MAX`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// Failures in a row.
-    pub failures: u32,
-}
-
-impl Backoff {
-    /// Delay after the first failure.
-    pub const FIRST: Duration = Duration::from_millis(500);
-    /// Longest delay.
-    pub const MAX: Duration = Duration::from_secs(30);
-
-    /// The delay before the next try, after one more failure.
-    pub fn fail(&mut self) -> Duration {
-        self.failures = self.failures.saturating_add(1);
-        let factor = 1u32 << self.failures.saturating_sub(1).min(10);
-        (Self::FIRST * factor).min(Self::MAX)
     }
 }
 
@@ -213,16 +192,5 @@ mod tests {
         assert_eq!(next_index(1, 7), (7, true));
         assert_eq!(next_index(1, 0), (1, false), "0 counts as 1: still blocks");
         assert_eq!(next_index(5, 0), (1, true), "0 after 5 is a reset");
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_a_cap() {
-        let mut b = Backoff { failures: 0 };
-        assert_eq!(b.fail(), Backoff::FIRST);
-        assert_eq!(b.fail(), Backoff::FIRST * 2);
-        for _ in 0..20 {
-            b.fail();
-        }
-        assert_eq!(b.fail(), Backoff::MAX);
     }
 }

@@ -4,9 +4,9 @@
 //! Several files (or one file twice) may define the same key; the first definition in
 //! precedence order (configured paths in order, directory contents sorted, documents in file
 //! order) is served and the others are reported as problems. To turn a scan that changed a few
-//! files into `Upsert`/`Remove` events without walking every service, this keeps, per key, the
-//! files that define it in precedence order. It is an index of keys, not a copy of the services:
-//! those stay in the scanner's per-file state, addressed by [`Def`].
+//! files into `Upsert`/`Remove` events without walking every service, [`Definitions`] keeps, per
+//! key, the files that define it in precedence order. It is an index of keys, not a copy of the
+//! services: those stay in the scanner's per-file state ([`crate::slots`]), addressed by [`Def`].
 
 use std::collections::{HashMap, HashSet};
 
@@ -57,11 +57,11 @@ pub struct Delta {
 
 /// Per key, the files defining it in precedence order (each file once, at its first definition).
 #[derive(Debug, Default)]
-pub struct Served {
+pub struct Definitions {
     defs: HashMap<ServiceKey, Vec<Def>>,
 }
 
-impl Served {
+impl Definitions {
     /// Indexes `files` (in precedence order) from scratch.
     pub fn rebuild(&mut self, order: &[FileId], files: &impl Files) {
         self.defs.clear();

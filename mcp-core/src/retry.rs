@@ -6,6 +6,10 @@
 //! (like kube-runtime's reset-timer backoff): a watch that fails right after every re-list keeps
 //! backing off instead of re-listing a large registry ten times a second, and one that ran fine
 //! for a while starts its next recovery quickly.
+//!
+//! [`Backoff::doubling`] makes the same doubling with other bounds and no jitter, for retries of
+//! one item among many (one service of a registry): those fail at their own times already, and
+//! the delay an operator is told is the one that is waited.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -19,6 +23,14 @@ pub struct Backoff {
     next: Duration,
     /// When the running watch delivered its full state.
     synced_at: Option<Instant>,
+    /// First delay, and the delay after a reset.
+    first: Duration,
+    /// Longest delay.
+    max: Duration,
+    /// Whether delays are spread (see [`jitter`]) or exact.
+    jitter: bool,
+    /// Failures since the delay last started over.
+    failures: u32,
 }
 
 impl Default for Backoff {
@@ -38,9 +50,28 @@ impl Backoff {
     /// A fresh backoff at [`Backoff::MIN`].
     pub fn new() -> Self {
         Self {
-            next: Self::MIN,
-            synced_at: None,
+            jitter: true,
+            ..Self::doubling(Self::MIN, Self::MAX)
         }
+    }
+
+    /// A fresh backoff that waits exactly `first`, then twice as long after each failure up to
+    /// `max`, without jitter. It starts over like [`Backoff::new`] when [`Backoff::synced`] is
+    /// used; otherwise only a new backoff starts over.
+    pub fn doubling(first: Duration, max: Duration) -> Self {
+        Self {
+            next: first,
+            synced_at: None,
+            first,
+            max,
+            jitter: false,
+            failures: 0,
+        }
+    }
+
+    /// Failures since the delay last started over (the calls to [`Backoff::failed`]).
+    pub fn failures(&self) -> u32 {
+        self.failures
     }
 
     /// The running watch delivered a full state at `now` (only the first one per watch counts).
@@ -52,12 +83,18 @@ impl Backoff {
     pub fn failed(&mut self, now: Instant) -> Duration {
         if let Some(at) = self.synced_at.take() {
             if now.saturating_duration_since(at) >= Self::STABLE {
-                self.next = Self::MIN;
+                self.next = self.first;
+                self.failures = 0;
             }
         }
+        self.failures = self.failures.saturating_add(1);
         let base = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        jitter(base)
+        self.next = self.next.saturating_mul(2).min(self.max);
+        if self.jitter {
+            jitter(base)
+        } else {
+            base
+        }
     }
 }
 
@@ -125,6 +162,20 @@ mod tests {
             last >= Backoff::MIN * 16,
             "still growing after six quick failures: {last:?}"
         );
+    }
+
+    #[test]
+    fn doubling_is_exact_and_counts_failures() {
+        let now = Instant::now();
+        let first = Duration::from_millis(500);
+        let max = Duration::from_secs(30);
+        let mut b = Backoff::doubling(first, max);
+        let delays: Vec<_> = (0..8).map(|_| b.failed(now)).collect();
+        let secs = |s: f64| Duration::from_secs_f64(s);
+        let want = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0].map(secs);
+        assert_eq!(delays, want);
+        assert_eq!(b.failures(), 8);
+        assert_eq!(Backoff::new().failures(), 0);
     }
 
     #[test]

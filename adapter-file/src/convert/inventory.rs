@@ -1,18 +1,13 @@
 //! Inventory document -> [`Service`]s, including the `address:port` endpoint shorthand and
 //! protocols derived from port names.
 
-use std::collections::BTreeMap;
-
-use mcp_core::model::{
-    Endpoint, Host, LabelSet, Labels, Location, Port, Resolution, Service, ServiceKey,
-};
+use mcp_core::model::{Endpoint, Host, Location, Port, Resolution, Service, ServiceKey};
 use serde_yaml::Value;
 
 use super::address::split_host_port;
 use super::de::{str_field, typed};
-use super::inventory_format::{
-    InventoryDoc, InventoryEndpoint, InventoryService, INVENTORY_API_VERSION,
-};
+use super::inventory_format::{InventoryDoc, InventoryService, INVENTORY_API_VERSION};
+use super::istio::EndpointSpec;
 use super::protocol::protocol_from_name;
 use super::{ConvertError, DocRef};
 
@@ -84,18 +79,13 @@ fn inventory_service(
                 &at,
                 &path,
                 &service.ports,
-                InventoryEndpoint {
+                EndpointSpec {
                     address,
-                    ports: BTreeMap::new(),
-                    labels: Labels::new(),
-                    network: None,
-                    locality: None,
-                    weight: None,
-                    service_account: None,
+                    ..EndpointSpec::default()
                 },
             )?,
             Value::Mapping(_) => {
-                let e: InventoryEndpoint = typed(doc, &at, &path, value)?;
+                let e: EndpointSpec = typed(doc, &at, &path, value)?;
                 inventory_endpoint(doc, &at, &path, &service.ports, e)?
             }
             _ => {
@@ -118,13 +108,12 @@ fn inventory_endpoint(
     at: &str,
     path: &str,
     ports: &[Port],
-    e: InventoryEndpoint,
+    mut e: EndpointSpec,
 ) -> Result<Endpoint, ConvertError> {
     let (address, port) = split_host_port(&e.address)
         .map_err(|m| doc.invalid(at.to_owned(), &format!("{path}.address"), m))?;
-    let mut endpoint_ports = e.ports;
     if let Some(port) = port {
-        if !endpoint_ports.is_empty() {
+        if !e.ports.is_empty() {
             return Err(doc.invalid(
                 at.to_owned(),
                 path,
@@ -134,7 +123,7 @@ fn inventory_endpoint(
         match ports {
             [only] => {
                 if only.number != port {
-                    endpoint_ports.insert(only.name.clone(), port);
+                    e.ports.insert(only.name.clone(), port);
                 }
             }
             _ => {
@@ -151,15 +140,8 @@ fn inventory_endpoint(
             }
         }
     }
-    Ok(Endpoint {
-        address,
-        ports: endpoint_ports,
-        labels: LabelSet::from(e.labels),
-        network: e.network.map(Into::into),
-        locality: e.locality.map(Into::into),
-        weight: e.weight,
-        service_account: e.service_account.map(Into::into),
-    })
+    e.address = address;
+    Ok(e.into())
 }
 
 #[cfg(test)]

@@ -46,27 +46,10 @@ pub(super) struct InventoryService {
     pub(super) location: Option<LocationSpec>,
     #[serde(default)]
     pub(super) resolution: Option<ResolutionSpec>,
-    /// Strings (`ip`, `ip:port`) or mappings; dispatched by hand so errors keep their path.
+    /// Strings (`ip`, `ip:port`) or mappings (a ServiceEntry's endpoint,
+    /// [`super::istio::EndpointSpec`]); dispatched by hand so errors keep their path.
     #[serde(default, deserialize_with = "nullable")]
     pub(super) endpoints: Vec<Value>,
     #[serde(default, deserialize_with = "nullable")]
     pub(super) export_to: Vec<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct InventoryEndpoint {
-    pub(super) address: String,
-    #[serde(default, deserialize_with = "nullable")]
-    pub(super) ports: BTreeMap<String, u32>,
-    #[serde(default, deserialize_with = "nullable")]
-    pub(super) labels: Labels,
-    #[serde(default)]
-    pub(super) network: Option<String>,
-    #[serde(default)]
-    pub(super) locality: Option<String>,
-    #[serde(default)]
-    pub(super) weight: Option<u32>,
-    #[serde(default)]
-    pub(super) service_account: Option<String>,
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use mcp_core::model::{Labels, Location, Resolution};
+use mcp_core::model::{Endpoint, LabelSet, Labels, Location, Resolution};
 use serde::Deserialize;
 use serde_yaml::Value;
 
@@ -121,9 +121,10 @@ impl From<ResolutionSpec> for Resolution {
     }
 }
 
-/// A WorkloadEntry inside a ServiceEntry. `address` is required because the model has no
-/// address-less (network gateway only) endpoints.
-#[derive(Deserialize)]
+/// A WorkloadEntry inside a ServiceEntry, and an endpoint written as a mapping in an inventory
+/// (the same shape, so one type: the two formats cannot drift apart). `address` is required
+/// because the model has no address-less (network gateway only) endpoints.
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct EndpointSpec {
     pub(super) address: String,
@@ -139,6 +140,20 @@ pub(super) struct EndpointSpec {
     pub(super) weight: Option<u32>,
     #[serde(default)]
     pub(super) service_account: Option<String>,
+}
+
+impl From<EndpointSpec> for Endpoint {
+    fn from(e: EndpointSpec) -> Self {
+        Endpoint {
+            address: e.address,
+            ports: e.ports,
+            labels: LabelSet::from(e.labels),
+            network: e.network.map(Into::into),
+            locality: e.locality.map(Into::into),
+            weight: e.weight,
+            service_account: e.service_account.map(Into::into),
+        }
+    }
 }
 
 #[derive(Deserialize)]

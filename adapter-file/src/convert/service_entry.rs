@@ -1,6 +1,6 @@
 //! Istio ServiceEntry document -> [`Service`].
 
-use mcp_core::model::{Endpoint, Host, LabelSet, Location, Port, Resolution, Service, ServiceKey};
+use mcp_core::model::{Endpoint, Host, Location, Port, Resolution, Service, ServiceKey};
 use serde_yaml::Value;
 
 use super::de::{str_field, typed};
@@ -66,19 +66,7 @@ pub(super) fn service_entry(doc: DocRef<'_>, value: Value) -> Result<Service, Co
         .collect();
     service.location = spec.location.map_or(Location::Internal, Location::from);
     service.resolution = spec.resolution.map_or(Resolution::None, Resolution::from);
-    service.endpoints = spec
-        .endpoints
-        .into_iter()
-        .map(|e| Endpoint {
-            address: e.address,
-            ports: e.ports,
-            labels: LabelSet::from(e.labels),
-            network: e.network.map(Into::into),
-            locality: e.locality.map(Into::into),
-            weight: e.weight,
-            service_account: e.service_account.map(Into::into),
-        })
-        .collect();
+    service.endpoints = spec.endpoints.into_iter().map(Endpoint::from).collect();
     service.export_to = spec.export_to;
     service.subject_alt_names = spec.subject_alt_names;
     service.workload_selector = spec.workload_selector.map(|w| w.labels);
