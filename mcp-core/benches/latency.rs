@@ -1,4 +1,4 @@
-//! Targets 2 and 3 (style-perf.md §2.4):
+//! Targets 2 and 3 (BENCHMARKS.md, "Results"):
 //! - one-service change -> sink p99 <= 10 ms with coalescing off (SotW xDS at N=100 and N=1000,
 //!   delta xDS at N=10000, 10 endpoints per service);
 //! - a no-op relist causes 0 pushes.

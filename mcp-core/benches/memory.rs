@@ -1,4 +1,4 @@
-//! Target 4 (style-perf.md §2.4): RSS <= 150 MB at 100k endpoints.
+//! Target 4 (BENCHMARKS.md, "Results"): RSS <= 150 MB at 100k endpoints.
 //!
 //! One process runs the adapter runtime with the fake registry; VmRSS/VmHWM come from
 //! /proc/self/status:

@@ -1,4 +1,4 @@
-//! Target 1 (style-perf.md §2.4): translate + encode of 10k services x 10 endpoints <= 60 ms.
+//! Target 1 (BENCHMARKS.md, "Results"): translate + encode of 10k services x 10 endpoints <= 60 ms.
 //!
 //! Benchmarks (all over the same 10k `mk_service(_, 10)` services, one snapshot per iteration;
 //! `MCP_BENCH_SERVICES=100000` runs them at 100k services = 1M endpoints, whose target (issue

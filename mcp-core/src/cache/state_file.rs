@@ -4,8 +4,10 @@
 //! The file holds the encoded resources exactly as they were served (length-delimited
 //! `istio.mcp.v1alpha1.Resource` messages after a one-line header), so a restored snapshot has
 //! the same names, versions, creation times and snapshot version as before the restart: a
-//! reconnecting istiod sees no change. It is written to a temporary file and renamed, so a crash
-//! mid-write leaves the previous file, by a task of its own so the writer never waits for the disk.
+//! reconnecting istiod sees no change. It is written to a temporary file, flushed to the disk
+//! (`fsync`), renamed over the old one and the directory flushed too, so a crash or a power cut
+//! mid-write leaves the previous file whole; by a task of its own, so the writer never waits for
+//! the disk.
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -44,7 +46,8 @@ pub enum StateFileError {
     },
 }
 
-/// Writes `snapshot` to `path` atomically, streaming the resources (no second copy of the set).
+/// Writes `snapshot` to `path` atomically and durably (the new file or the old one survives a
+/// crash, never a mix), streaming the resources (no second copy of the set).
 pub fn save(path: &Path, snapshot: &Snapshot) -> Result<(), StateFileError> {
     let io = |source| StateFileError::Io {
         path: path.to_path_buf(),
@@ -63,8 +66,19 @@ pub fn save(path: &Path, snapshot: &Snapshot) -> Result<(), StateFileError> {
         out.write_all(&e.resource).map_err(io)?;
     }
     out.flush().map_err(io)?;
+    // On the disk before the rename makes it the file: otherwise a power cut can leave the new
+    // name pointing at data that was never written.
+    out.get_ref().sync_all().map_err(io)?;
     drop(out);
-    std::fs::rename(&tmp, path).map_err(io)
+    std::fs::rename(&tmp, path).map_err(io)?;
+    // The rename itself lives in the directory.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)
 }
 
 /// Keeps `path` holding the latest published set until `shutdown`, then writes the last one.
