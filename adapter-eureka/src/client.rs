@@ -306,19 +306,7 @@ fn without_url(e: reqwest::Error) -> reqwest::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Args {
-        #[command(flatten)]
-        eureka: EurekaConfig,
-    }
-
-    fn cfg(args: &[&str]) -> EurekaConfig {
-        let mut all = vec!["x"];
-        all.extend_from_slice(args);
-        Args::try_parse_from(all).expect("parse").eureka
-    }
+    use crate::config::tests::parse as cfg;
 
     #[test]
     fn credentials_in_urls_are_refused_and_never_printed() {

@@ -111,7 +111,7 @@ impl mcp_core::entry::AdapterConfig for EurekaConfig {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use clap::Parser;
 
@@ -121,10 +121,16 @@ mod tests {
         eureka: EurekaConfig,
     }
 
+    /// The config these flags give (for the crate's tests).
+    pub(crate) fn parse(args: &[&str]) -> EurekaConfig {
+        Args::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+            .expect("parse")
+            .eureka
+    }
+
     #[test]
     fn urls_filters_and_refresh_floor() {
-        let a = Args::try_parse_from([
-            "x",
+        let a = parse(&[
             "--eureka-url",
             "http://a:8761/eureka,http://b:8761/eureka",
             "--app",
@@ -133,11 +139,10 @@ mod tests {
             "*-CANARY",
             "--refresh-interval",
             "100ms",
-        ])
-        .expect("parse");
-        assert_eq!(a.eureka.urls.len(), 2);
-        assert_eq!(a.eureka.refresh(), MIN_REFRESH);
-        let f = a.eureka.filter();
+        ]);
+        assert_eq!(a.urls.len(), 2);
+        assert_eq!(a.refresh(), MIN_REFRESH);
+        let f = a.filter();
         assert!(f.allows("orders-api"));
         assert!(!f.allows("orders-canary"));
         assert!(!f.allows("payments"));

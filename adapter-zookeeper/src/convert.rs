@@ -459,19 +459,7 @@ mod tests {
     use super::*;
     use crate::filter::Patterns;
 
-    fn encode(s: &str) -> String {
-        let mut out = String::new();
-        for b in s.bytes() {
-            match b {
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'-' | b'_' | b'*' => {
-                    out.push(b as char)
-                }
-                b' ' => out.push('+'),
-                _ => out.push_str(&format!("%{b:02X}")),
-            }
-        }
-        out
-    }
+    use crate::dto::form_encode as encode;
 
     #[test]
     fn converts_all_providers_of_an_interface_into_one_service() {

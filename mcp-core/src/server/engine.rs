@@ -659,19 +659,11 @@ mod tests {
     fn subscription_change_while_in_flight_is_kept_for_after_the_ack() {
         let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
         let mut e = Engine::new(Incremental::Always, served);
-        let mut req = mk_request(SE, "");
-        req.names = Names::Delta {
-            subscribe: vec!["ns/a".into()],
-            unsubscribe: vec![],
-        };
+        let req = delta_request("", &["ns/a"], &[]);
         let (_, out) = e.on_request(req, Some(&s1));
         let first = out.expect("ns/a");
         // Before the ACK, the client subscribes to ns/b without a nonce.
-        let mut change = mk_request(SE, "");
-        change.names = Names::Delta {
-            subscribe: vec!["ns/b".into()],
-            unsubscribe: vec![],
-        };
+        let change = delta_request("", &["ns/b"], &[]);
         let (_, out) = e.on_request(change, Some(&s1));
         assert!(out.is_none(), "one response in flight");
         let (kind, out) = e.on_request(mk_request(SE, &first.nonce), Some(&s1));
@@ -684,18 +676,10 @@ mod tests {
         let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
         let s2 = mk_snapshot(&[("ns/a", "2"), ("ns/b", "1")]);
         let mut e = Engine::new(Incremental::Always, served);
-        let mut req = mk_request(SE, "");
-        req.names = Names::Delta {
-            subscribe: vec!["ns/a".into()],
-            unsubscribe: vec![],
-        };
+        let req = delta_request("", &["ns/a"], &[]);
         let (_, out) = e.on_request(req, Some(&s1));
         e.on_request(mk_request(SE, &out.expect("a").nonce), Some(&s1));
-        let mut more = mk_request(SE, "");
-        more.names = Names::Delta {
-            subscribe: vec!["ns/b".into()],
-            unsubscribe: vec![],
-        };
+        let more = delta_request("", &["ns/b"], &[]);
         let (_, out) = e.on_request(more, Some(&s1));
         let out = out.expect("b");
         assert_eq!(names_of(&out), vec!["ns/b"], "only the new name");
@@ -721,19 +705,11 @@ mod tests {
         assert_eq!(names_of(&out.expect("widened")), vec!["ns/a", "ns/b"]);
 
         let mut e = Engine::new(Incremental::Always, served);
-        let mut req = mk_request(SE, "");
-        req.names = Names::Delta {
-            subscribe: vec!["ns/a".into()],
-            unsubscribe: vec![],
-        };
+        let req = delta_request("", &["ns/a"], &[]);
         let (_, out) = e.on_request(req, Some(&s1));
         let out = out.expect("one");
         assert_eq!(names_of(&out), vec!["ns/a"]);
-        let mut ack = mk_request(SE, &out.nonce);
-        ack.names = Names::Delta {
-            subscribe: vec!["ns/b".into()],
-            unsubscribe: vec![],
-        };
+        let ack = delta_request(&out.nonce, &["ns/b"], &[]);
         let (_, out) = e.on_request(ack, Some(&s1));
         assert_eq!(names_of(&out.expect("added")), vec!["ns/b"]);
     }
