@@ -30,20 +30,21 @@ use mcp_core::index::Index;
 use mcp_core::metrics::Metrics;
 use mcp_core::model::Service;
 use mcp_core::registry::RegistryEvent;
-use mcp_core::runtime::{self, Running};
+use mcp_core::runtime::Running;
 use mcp_core::server::engine::{Engine, Incremental, Names, Request as EngineRequest};
-use mcp_core::testing::{fake_registry, test_args, FakeHandle};
-use mcp_core::translate::TranslateConfig;
+use mcp_core::testing::{metric_sum, FakeHandle};
 use prost::Message;
 use proto::responses::{DeltaDiscoveryResponse, DeltaResource, DiscoveryResponse, SharedAny};
 use proto::server::ads::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
 
-use common::{ads_client, http_get, machine, metric_sum, services, sotw_subscribe, SE};
+use common::{
+    delta_subscribe, http_get, machine, services, sotw_subscribe, start_fake, translate_config, SE,
+};
 
 const ITERATIONS: usize = 500;
 const ENDPOINTS: usize = 10;
@@ -77,15 +78,7 @@ struct Measured {
 }
 
 async fn start(n: usize) -> (Running, FakeHandle, Vec<Service>) {
-    let (registry, handle) = fake_registry();
-    let running = runtime::start(registry, {
-        // Measured without the coalescing window (the bench measures the path, not the wait).
-        let mut args = test_args();
-        args.coalesce = std::time::Duration::ZERO;
-        args
-    })
-    .await
-    .expect("runtime starts");
+    let (running, handle) = start_fake().await;
     let current = services(n, ENDPOINTS);
     handle.send(RegistryEvent::Reset(current.clone()));
     (running, handle, current)
@@ -249,19 +242,7 @@ async fn relist(
 /// Delta xDS: one-service change latency at `n` services.
 async fn delta(n: usize) -> (Measured, DeltaDiscoveryResponse) {
     let (running, handle, mut current) = start(n).await;
-    let mut client = ads_client(running.grpc_addr).await;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tx.send(DeltaDiscoveryRequest {
-        type_url: SE.into(),
-        node: node(),
-        ..Default::default()
-    })
-    .expect("send");
-    let mut stream = client
-        .delta_aggregated_resources(UnboundedReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
+    let (tx, mut stream) = delta_subscribe(running.grpc_addr, node()).await;
     let ack = |r: &EnvoyDeltaResponse| DeltaDiscoveryRequest {
         type_url: r.type_url.clone(),
         response_nonce: r.nonce.clone(),
@@ -326,35 +307,35 @@ impl AggregatedDiscoveryService for Floor {
         &self,
         req: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let mut requests = req.into_inner();
-        let (tx, rx) = mpsc::channel(4);
-        let resp = self.sotw.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(_)) = requests.message().await {
-                if tx.send(Ok(resp.clone())).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(replay(req.into_inner(), self.sotw.clone())))
     }
 
     async fn delta_aggregated_resources(
         &self,
         req: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let mut requests = req.into_inner();
-        let (tx, rx) = mpsc::channel(4);
-        let resp = self.delta.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(_)) = requests.message().await {
-                if tx.send(Ok(resp.clone())).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(replay(req.into_inner(), self.delta.clone())))
     }
+}
+
+/// Answers every request on `requests` with `resp`.
+fn replay<Req, Resp>(
+    mut requests: Streaming<Req>,
+    resp: Resp,
+) -> ReceiverStream<Result<Resp, Status>>
+where
+    Req: Message + Default + Send + 'static,
+    Resp: Clone + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Ok(Some(_)) = requests.message().await {
+            if tx.send(Ok(resp.clone())).await.is_err() {
+                break;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
 }
 
 /// How the floor server accepts connections.
@@ -431,19 +412,7 @@ async fn floor_delta(resp: DeltaDiscoveryResponse, accept: Accept) -> Histogram<
         accept,
     )
     .await;
-    let mut client = ads_client(addr).await;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tx.send(DeltaDiscoveryRequest {
-        type_url: SE.into(),
-        node: node(),
-        ..Default::default()
-    })
-    .expect("send");
-    let mut stream = client
-        .delta_aggregated_resources(UnboundedReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
+    let (tx, mut stream) = delta_subscribe(addr, node()).await;
     let mut r = next_delta(&mut stream).await;
     let mut hist = histogram();
     for _ in 0..ITERATIONS {
@@ -478,18 +447,7 @@ fn main() {
 /// In-process cost of one change at `n` services, without any network: `Index` upsert + flush
 /// (translate, encode, snapshot build) and the delta stream engine's diff.
 fn breakdown(n: usize) -> (Histogram<u64>, Histogram<u64>, Histogram<u64>) {
-    let mut idx = Index::new(
-        TranslateConfig {
-            namespace: "fake".into(),
-            host_suffix: "fake.local".into(),
-            export_to: vec![],
-            registry: "fake".into(),
-            source: "fake".into(),
-            on_empty: mcp_core::cli::OnEmpty::Keep,
-            vip_cidr: mcp_core::vip::VipCidr::Off,
-        },
-        Metrics::new("bench").expect("metrics"),
-    );
+    let mut idx = Index::new(translate_config(), Metrics::new("bench").expect("metrics"));
     let mut current = services(n, ENDPOINTS);
     idx.apply(RegistryEvent::Reset(current.clone()));
     let mut snap = idx.flush().expect("first");

@@ -22,21 +22,17 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use mcp_core::registry::RegistryEvent;
-use mcp_core::runtime;
-use mcp_core::testing::{fake_registry, test_args};
+use mcp_core::testing::bench::{Mem, Proc};
+use mcp_core::testing::metric_sum;
 use prost::Message;
 
-use common::{http_get, machine, metric_sum, rss_kib, services, sotw_subscribe};
+use common::{http_get, machine, services, sotw_subscribe, start_fake};
 
 const SERVICES: usize = 10_000;
 const ENDPOINTS: usize = 10;
 /// Sinks connected at step 3 (override with `MCP_BENCH_SINKS`).
 const SINKS: usize = 5;
 const TARGET_MB: f64 = 150.0;
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -99,24 +95,16 @@ async fn run() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(SINKS);
-    let mut rows: Vec<(String, (u64, u64))> = vec![("process start".into(), rss_kib())];
+    let mut rows: Vec<(String, Mem)> = vec![("process start".into(), Proc::This.mem())];
 
-    let (registry, handle) = fake_registry();
-    let running = runtime::start(registry, {
-        // Measured without the coalescing window (the bench measures the path, not the wait).
-        let mut args = test_args();
-        args.coalesce = std::time::Duration::ZERO;
-        args
-    })
-    .await
-    .expect("runtime starts");
+    let (running, handle) = start_fake().await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let floor = rss_kib();
+    let floor = Proc::This.mem();
     rows.push(("runtime started, empty (floor)".into(), floor));
 
     // The registry's input: the adapter owns it until the writer has consumed the Reset.
     let input = services(SERVICES, ENDPOINTS);
-    rows.push(("+ model input built (10k x 10)".into(), rss_kib()));
+    rows.push(("+ model input built (10k x 10)".into(), Proc::This.mem()));
     let t = Instant::now();
     handle.send(RegistryEvent::Reset(input));
     loop {
@@ -129,7 +117,7 @@ async fn run() {
     }
     let publish_s = t.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let published = rss_kib();
+    let published = Proc::This.mem();
     rows.push(("10k x 10 published".into(), published));
 
     let mut child = Command::new(std::env::current_exe().expect("current exe"))
@@ -154,7 +142,7 @@ async fn run() {
         "child sinks got the full snapshot: {line}"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let with_sinks = rss_kib();
+    let with_sinks = Proc::This.mem();
     rows.push((format!("+ {sinks} sinks got full snapshot"), with_sinks));
     let m = http_get(running.admin_addr, "/metrics").await;
     let connected = metric_sum(&m, "mcp_adapter_connected_sinks");
@@ -178,24 +166,24 @@ async fn run() {
         "{:<32} {:>10} {:>10} {:>14}",
         "point", "VmRSS MiB", "VmHWM MiB", "RSS-floor MiB"
     );
-    for (name, (rss, hwm)) in &rows {
+    for (name, mem) in &rows {
         println!(
             "{:<32} {:>10.1} {:>10.1} {:>14.1}",
             name,
-            mib(*rss),
-            mib(*hwm),
-            mib(*rss) - mib(floor.0)
+            mem.rss_mib(),
+            mem.hwm_mib(),
+            mem.rss_mib() - floor.rss_mib()
         );
     }
     // The target is in MB (10^6 bytes): 150 MB = 143.05 MiB.
     let limit = TARGET_MB * 1e6 / 1048576.0;
-    let peak = mib(with_sinks.1);
+    let peak = with_sinks.hwm_mib();
     println!(
         "target VmRSS <= {TARGET_MB} MB ({limit:.1} MiB): final VmRSS {:.1} MiB, peak VmHWM {peak:.1} MiB -> {}",
-        mib(with_sinks.0),
-        if mib(with_sinks.0) <= limit && peak <= limit {
+        with_sinks.rss_mib(),
+        if with_sinks.rss_mib() <= limit && peak <= limit {
             "PASS"
-        } else if mib(with_sinks.0) <= limit {
+        } else if with_sinks.rss_mib() <= limit {
             "PASS (RSS; peak above)"
         } else {
             "FAIL"

@@ -25,8 +25,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use mcp_core::model::{Endpoint, Labels, Port, Service, ServiceKey};
+use mcp_core::testing::bench::Proc;
 
-use common::{machine, rss_kib};
+use common::machine;
 
 const SERVICES: usize = 100_000;
 const ENDPOINTS: usize = 10;
@@ -84,13 +85,13 @@ fn main() {
     // Warm up the allocator and the code paths on a small model first.
     black_box(model(100));
 
-    let (start, _) = rss_kib();
+    let start = Proc::This.mem().rss_kib;
     let t = Instant::now();
     let first = model(services);
     let build = t.elapsed();
-    let (built, _) = rss_kib();
+    let built = Proc::This.mem().rss_kib;
     let second = model(services);
-    let (relisted, hwm) = rss_kib();
+    let relisted = Proc::This.mem();
     assert!(first == second, "equal input, equal model");
 
     let per = |kib: u64| kib as f64 * 1024.0 / endpoints as f64;
@@ -107,15 +108,15 @@ fn main() {
     );
     println!(
         "second model:   {:>8.1} MiB  {:>7.1} B/endpoint  (an equal re-list while the first lives)",
-        (relisted - built) as f64 / 1024.0,
-        per(relisted - built),
+        (relisted.rss_kib - built) as f64 / 1024.0,
+        per(relisted.rss_kib - built),
     );
     println!(
         "build:          {:>8.1} ms   {:>7.1} ns/endpoint",
         build.as_secs_f64() * 1e3,
         build.as_nanos() as f64 / endpoints as f64
     );
-    println!("peak RSS:       {:>8.1} MiB", hwm as f64 / 1024.0);
+    println!("peak RSS:       {:>8.1} MiB", relisted.hwm_mib());
     drop(second);
     drop(first);
 }

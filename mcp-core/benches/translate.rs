@@ -13,6 +13,8 @@
 //! Run: `cargo bench -p mcp-core --bench translate` (or with `MCP_BENCH_SERVICES=N`). A summary
 //! table (per-snapshot mean in ms and ratio to the floor) is printed at the end.
 
+mod common;
+
 // The same allocator as the adapter binaries.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -62,15 +64,7 @@ fn target_ms(bench: &str, n: usize) -> Option<f64> {
 }
 
 fn cfg() -> TranslateConfig {
-    TranslateConfig {
-        namespace: "fake".into(),
-        host_suffix: "fake.local".into(),
-        export_to: vec![],
-        registry: "fake".into(),
-        source: "fake".into(),
-        on_empty: mcp_core::cli::OnEmpty::Keep,
-        vip_cidr: mcp_core::vip::VipCidr::Off,
-    }
+    common::translate_config()
 }
 
 fn services(n: usize) -> Vec<Service> {

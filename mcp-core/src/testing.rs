@@ -1,7 +1,11 @@
-//! Test support: a registry driven by the test, and model builders.
+//! Test support: a registry driven by the test, model builders, and (in [`bench`]) what the
+//! benches measure a process with.
 //!
-//! Used by the conformance tests and the benchmarks, behind the `testing` feature (and in this
-//! crate's unit tests): never compiled into an adapter's binary.
+//! Used by the conformance tests and the benchmarks (this crate's and the end-to-end scale bench),
+//! behind the `testing` feature (and in this crate's unit tests): never compiled into an adapter's
+//! binary.
+
+pub mod bench;
 
 use std::sync::{Arc, Mutex};
 
@@ -135,4 +139,16 @@ pub fn mk_endpoint(i: usize) -> Endpoint {
         .collect(),
         ..Default::default()
     }
+}
+
+/// Sum of every series of metric `name` in a Prometheus text exposition (0 when absent).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

@@ -2,12 +2,18 @@
 //!
 //! Every test runs a whole adapter (`runtime::start`) over a [`FakeRegistry`] on 127.0.0.1:0 and
 //! talks to it over gRPC and HTTP with timeouts.
+//!
+//! What every protocol shares (the stream rules of `mcp_core::server::engine`) is written once
+//! as a behaviour taking a [`Protocol`], and [`per_protocol!`] runs it as one test per protocol
+//! (`<behaviour>::<protocol>`). The clients' request patterns are one function run per client;
+//! what only one protocol or the core does is a test of its own.
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, UNIX_EPOCH};
 
+use common::sink::{Ask, Protocol, Update};
 use common::*;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DiscoveryRequest, DiscoveryResponse,
@@ -15,8 +21,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use mcp_core::registry::{RegistryError, RegistryEvent};
 use mcp_core::testing::{mk_service, test_args};
 use mcp_core::{Service, ServiceKey};
-use mcpctl::sink::{Sink, SinkOptions};
-use proto::istio::mcp::v1alpha1::{IncrementalMeshConfigRequest, MeshConfigRequest};
+use mcpctl::sink::{Sink, SinkOptions, Update as SinkUpdate};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -98,6 +103,15 @@ fn reset(h: &mcp_core::testing::FakeHandle, services: Vec<Service>) {
     h.send(RegistryEvent::Reset(services));
 }
 
+fn upsert(a: &Adapter, name: &str, endpoints: usize) {
+    a.handle
+        .send(RegistryEvent::Upsert(mk_service(name, endpoints)));
+}
+
+fn remove(a: &Adapter, name: &str) {
+    a.handle.send(RegistryEvent::Remove(ServiceKey::new(name)));
+}
+
 fn timestamped_nonce(i: usize) -> String {
     format!("2024-05-30 08:08:05.{i:03} +0000 UTC m=+0.{i}")
 }
@@ -110,24 +124,326 @@ async fn synced(services: Vec<Service>) -> Adapter {
     a
 }
 
-/// istiod's pattern: MeshConfig with node and a made-up nonce, then every type, then ACKs.
-async fn istiod_pattern(types: &[&str], se_type: &str) {
-    let a = synced(vec![mk_service("a", 2), mk_service("b", 1)]).await;
-    let mut s = a.xds().await;
-    s.send(DiscoveryRequest {
-        node: Some(istiod_node()),
-        ..xds_req(MESH_CONFIG, &timestamped_nonce(0))
-    });
-    for (i, t) in types.iter().enumerate() {
-        s.send(xds_req(t, &timestamped_nonce(i + 1)));
+// ---- per protocol ----------------------------------------------------------------------------
+
+/// Runs each behaviour `fn b(Protocol)` once per protocol, as tests `b::sotw_v1`, `b::delta_v1`...
+macro_rules! per_protocol {
+    ($($behaviour:ident),+ $(,)?) => {$(
+        mod $behaviour {
+            use super::*;
+            per_protocol!(@tests $behaviour:
+                sotw_v1 => Protocol::Sotw(SE_V1),
+                sotw_v1alpha3 => Protocol::Sotw(SE_V1ALPHA3),
+                delta_v1 => Protocol::Delta(SE_V1),
+                legacy => Protocol::Legacy { incremental: false },
+                legacy_incremental => Protocol::Legacy { incremental: true },
+                mesh_sotw => Protocol::MeshSotw,
+                mesh_incremental => Protocol::MeshIncremental,
+            );
+        }
+    )+};
+    (@tests $behaviour:ident: $($name:ident => $protocol:expr),+ $(,)?) => {$(
+        #[tokio::test]
+        async fn $name() {
+            super::$behaviour($protocol).await;
+        }
+    )+};
+}
+
+per_protocol!(
+    nothing_is_sent_before_the_first_sync,
+    changes_additions_and_removals,
+    a_burst_ends_in_the_newest_state,
+    stale_nonces_are_ignored,
+    one_response_in_flight_then_the_newest,
+    a_nack_is_not_sent_again,
+    reconnecting_gets_the_same_state_and_version,
+);
+
+/// `u` answers ServiceEntries (where the protocol says what a response answers).
+fn assert_topic(u: &Update, p: Protocol) {
+    if let Some(t) = &u.topic {
+        assert_eq!(t, p.topic(), "type_url / collection echoed exactly");
     }
-    let mut got: BTreeMap<String, Vec<_>> = BTreeMap::new();
-    for _ in 0..=types.len() {
+}
+
+/// `u` is the first response of a stream: the whole synced state of [`subscribed`].
+fn assert_full_state(u: &Update, p: Protocol) {
+    assert_topic(u, p);
+    assert!(!u.nonce.is_empty(), "nonce set");
+    assert!(!u.version.is_empty(), "version set");
+    assert_eq!(u.names(), vec!["fake/a", "fake/b"], "full state first");
+    assert!(u.removed.is_empty(), "{u:?}");
+    assert_ne!(
+        u.incremental,
+        Some(true),
+        "the first response is the full state"
+    );
+    assert_eq!(u.resources["fake/a"].spec.hosts, vec!["a.fake.local"]);
+    assert_eq!(u.resources["fake/b"].spec.hosts, vec!["b.fake.local"]);
+    assert_eq!(u.resources["fake/a"].spec.endpoints.len(), 2);
+    for d in u.resources.values() {
+        assert!(d.create_time.is_some(), "{}: create_time set", d.name);
+        assert!(!d.version.is_empty(), "{}: version set", d.name);
+    }
+}
+
+/// `u` follows a change after which `state` is served: all of it (SotW), or only `changed` and
+/// `removed` (incremental).
+fn assert_sent(u: &Update, p: Protocol, state: &[&str], changed: &[&str], removed: &[&str]) {
+    assert_topic(u, p);
+    if let Some(incremental) = u.incremental {
+        assert_eq!(incremental, p.incremental(), "incremental flag");
+    }
+    if p.incremental() {
+        assert_eq!(u.names(), changed, "only what changed");
+        assert_eq!(u.removed, removed, "what was removed");
+    } else {
+        assert_eq!(u.names(), state, "full state");
+        assert!(u.removed.is_empty(), "removal by omission: {u:?}");
+    }
+}
+
+/// An adapter synced with `services`, and a sink of `p` that has received its first response and
+/// ACKed it.
+async fn acked(p: Protocol, services: Vec<Service>) -> (Adapter, common::sink::Sink, Update) {
+    let a = synced(services).await;
+    let mut s = a.sink(p).await;
+    s.subscribe();
+    let r = s.recv().await;
+    s.ack(&r);
+    (a, s, r)
+}
+
+/// [`acked`] with `a` (2 endpoints) and `b` (1); the first response was the full state.
+async fn subscribed(p: Protocol) -> (Adapter, common::sink::Sink, Update) {
+    let (a, s, r) = acked(p, vec![mk_service("a", 2), mk_service("b", 1)]).await;
+    assert_full_state(&r, p);
+    (a, s, r)
+}
+
+/// The next response, checked with [`assert_sent`].
+async fn recv_sent(
+    s: &mut common::sink::Sink,
+    state: &[&str],
+    changed: &[&str],
+    removed: &[&str],
+) -> Update {
+    let u = s.recv().await;
+    assert_sent(&u, s.protocol, state, changed, removed);
+    u
+}
+
+/// The end of a behaviour: ACKs `last`, checks that nothing more is sent, stops the adapter.
+async fn ack_last_and_stop(a: Adapter, mut s: common::sink::Sink, last: &Update) {
+    s.ack(last);
+    s.silent("ACKed").await;
+    a.stop().await;
+}
+
+/// Before the first registry sync only types we do not serve are answered (empty, once); then
+/// the synced state, even an empty one, is.
+async fn nothing_is_sent_before_the_first_sync(p: Protocol) {
+    let a = Adapter::start().await;
+    let mut s = a.sink(p).await;
+    s.subscribe();
+    if let Some(other) = p.unserved() {
+        s.send(Ask {
+            topic: other,
+            ..Ask::default()
+        });
         let r = s.recv().await;
-        got.entry(r.type_url.clone()).or_default().push(r);
+        assert_eq!(r.topic.as_deref(), Some(other));
+        assert!(r.resources.is_empty(), "{other} must be empty");
+        s.ack(&r);
     }
+    s.silent_for(Duration::from_millis(200), "not synced").await;
+    reset(&a.handle, vec![]);
+    let r = s.recv().await;
+    assert_topic(&r, p);
+    assert!(r.resources.is_empty());
+    assert!(!r.version.is_empty());
+    s.ack(&r);
+    s.silent("the other type is not answered again").await;
+    a.stop().await;
+}
+
+/// A change, an addition and a removal: SotW sends the full state each time, incremental
+/// protocols what changed and what was removed; every response has a new version and nonce.
+async fn changes_additions_and_removals(p: Protocol) {
+    let (a, mut s, r1) = subscribed(p).await;
+
+    upsert(&a, "a", 3);
+    let r2 = recv_sent(&mut s, &["fake/a", "fake/b"], &["fake/a"], &[]).await;
+    assert_ne!(r2.version, r1.version);
+    assert_ne!(r2.nonce, r1.nonce);
+    assert_eq!(r2.resources["fake/a"].spec.endpoints.len(), 3);
+    assert_ne!(
+        r2.resources["fake/a"].version,
+        r1.resources["fake/a"].version
+    );
+    if !p.incremental() {
+        assert_eq!(
+            r2.resources["fake/b"], r1.resources["fake/b"],
+            "b unchanged"
+        );
+    }
+    s.ack(&r2);
+
+    upsert(&a, "c", 1);
+    let r3 = recv_sent(&mut s, &["fake/a", "fake/b", "fake/c"], &["fake/c"], &[]).await;
+    assert_ne!(r3.version, r2.version);
+    s.ack(&r3);
+
+    remove(&a, "b");
+    let r4 = recv_sent(&mut s, &["fake/a", "fake/c"], &[], &["fake/b"]).await;
+    assert_ne!(r4.version, r3.version);
+    ack_last_and_stop(a, s, &r4).await;
+}
+
+/// A change and a removal sent together (published together or one after the other) end in
+/// the newest state; incremental protocols send each once.
+async fn a_burst_ends_in_the_newest_state(p: Protocol) {
+    let (a, mut s, r1) = subscribed(p).await;
+    upsert(&a, "a", 3);
+    remove(&a, "b");
+    let mut held = r1.resources.clone();
+    let mut changed = Vec::new();
+    let mut removed = Vec::new();
+    let newest = |held: &BTreeMap<String, Decoded>| {
+        held.keys().eq(["fake/a"]) && held["fake/a"].spec.endpoints.len() == 3
+    };
+    while !newest(&held) {
+        let r = s.recv().await;
+        assert_topic(&r, p);
+        r.apply(&mut held, p);
+        changed.extend(r.names());
+        removed.extend(r.removed.clone());
+        s.ack(&r);
+    }
+    if p.incremental() {
+        assert_eq!(changed, vec!["fake/a"]);
+        assert_eq!(removed, vec!["fake/b"]);
+    }
+    a.stop().await;
+}
+
+/// A request answering an older response, or a nonce never sent, is ignored; the stream goes on.
+async fn stale_nonces_are_ignored(p: Protocol) {
+    let (a, mut s, r1) = subscribed(p).await;
+    upsert(&a, "a", 3);
+    let r2 = s.recv().await;
+    s.ack(&r2);
+
+    s.ack(&r1);
+    s.send(Ask {
+        topic: p.topic(),
+        nonce: "no-such-nonce",
+        ..Ask::default()
+    });
+    s.silent("stale nonces are ignored").await;
+
+    // Still in step: the next change is sent.
+    upsert(&a, "c", 1);
+    recv_sent(&mut s, &["fake/a", "fake/b", "fake/c"], &["fake/c"], &[]).await;
+    a.stop().await;
+}
+
+/// One response per type is in flight: changes wait for its ACK, then only the newest state
+/// goes.
+async fn one_response_in_flight_then_the_newest(p: Protocol) {
+    let (a, mut s, _) = subscribed(p).await;
+    upsert(&a, "c", 1);
+    let first = recv_sent(&mut s, &["fake/a", "fake/b", "fake/c"], &["fake/c"], &[]).await;
+    upsert(&a, "d", 1);
+    remove(&a, "b");
+    s.silent("one response in flight per type").await;
+    s.ack(&first);
+    let newest = recv_sent(
+        &mut s,
+        &["fake/a", "fake/c", "fake/d"],
+        &["fake/d"],
+        &["fake/b"],
+    )
+    .await;
+    ack_last_and_stop(a, s, &newest).await;
+}
+
+/// A NACKed set is not sent again (and is counted); the next change is, relative to what the
+/// sink acknowledged.
+async fn a_nack_is_not_sent_again(p: Protocol) {
+    let (a, mut s, r1) = subscribed(p).await;
+    upsert(&a, "c", 1);
+    let r2 = recv_sent(&mut s, &["fake/a", "fake/b", "fake/c"], &["fake/c"], &[]).await;
+    s.nack(&r2, &r1.version);
+    s.silent("a NACKed set is not resent").await;
+
+    upsert(&a, "d", 1);
+    let state = ["fake/a", "fake/b", "fake/c", "fake/d"];
+    let r3 = recv_sent(&mut s, &state, &["fake/c", "fake/d"], &[]).await;
+    assert_ne!(r3.version, r2.version);
+    let series = format!(
+        r#"mcp_adapter_nacks_total{{protocol="{}",type="serviceentry",registry="fake"}}"#,
+        p.label()
+    );
+    a.assert_metric(&series, Some(1.0)).await;
+    ack_last_and_stop(a, s, &r3).await;
+}
+
+/// A sink reconnecting as istiod does (its node, the version it holds, a made-up nonce) gets
+/// the same state, version and bytes.
+async fn reconnecting_gets_the_same_state_and_version(p: Protocol) {
+    let (a, s, r1) = subscribed(p).await;
+    drop(s);
+
+    let mut s = a.sink(p).await;
+    s.resubscribe(&r1, &timestamped_nonce(7));
+    let r2 = s.recv().await;
+    assert_full_state(&r2, p);
+    assert_eq!(r2.version, r1.version);
+    assert_eq!(r2.raw, r1.raw, "byte-identical resources");
+    a.stop().await;
+}
+
+// ---- the clients' request patterns -----------------------------------------------------------
+
+/// A client's first requests on one stream: istiod (xDS) asks for MeshConfig with its node and
+/// a made-up nonce, then for every type with made-up nonces; Pilot 1.7 (legacy MCP) for every
+/// collection. Each type gets exactly one response, only ServiceEntries carry resources, and
+/// once everything is ACKed nothing more is sent.
+async fn request_pattern(p: Protocol, types: &[&str]) {
+    let a = synced(vec![mk_service("a", 2), mk_service("b", 1)]).await;
+    let mut s = a.sink(p).await;
+    let istiod = matches!(p, Protocol::Sotw(_));
     let mut expected: Vec<String> = types.iter().map(|t| t.to_string()).collect();
-    expected.push(MESH_CONFIG.into());
+    if istiod {
+        s.send(Ask {
+            topic: MESH_CONFIG,
+            nonce: &timestamped_nonce(0),
+            node: true,
+            ..Ask::default()
+        });
+        expected.push(MESH_CONFIG.into());
+    }
+    for (i, t) in types.iter().enumerate() {
+        let nonce = if istiod {
+            timestamped_nonce(i + 1)
+        } else {
+            String::new()
+        };
+        s.send(Ask {
+            topic: t,
+            nonce: &nonce,
+            ..Ask::default()
+        });
+    }
+    let mut got: BTreeMap<String, Vec<Update>> = BTreeMap::new();
+    for _ in 0..expected.len() {
+        let r = s.recv().await;
+        got.entry(r.topic.clone().unwrap_or_default())
+            .or_default()
+            .push(r);
+    }
     expected.sort();
     assert_eq!(
         got.keys().cloned().collect::<Vec<_>>(),
@@ -138,27 +454,18 @@ async fn istiod_pattern(types: &[&str], se_type: &str) {
         assert_eq!(rs.len(), 1, "exactly one response for {t}");
         let r = &rs[0];
         assert!(!r.nonce.is_empty(), "{t}: nonce set");
-        if t == se_type {
-            assert!(!r.version_info.is_empty(), "version_info set");
-            let m = decode_xds(r);
-            assert_eq!(names(&m), vec!["fake/a", "fake/b"]);
-            assert_eq!(m["fake/a"].spec.hosts, vec!["a.fake.local"]);
-            assert_eq!(m["fake/b"].spec.hosts, vec!["b.fake.local"]);
-            assert_eq!(m["fake/a"].spec.endpoints.len(), 2);
-            for d in m.values() {
-                assert!(d.create_time.is_some(), "{}: create_time set", d.name);
-                assert!(!d.version.is_empty(), "{}: version set", d.name);
-            }
+        assert_ne!(r.incremental, Some(true), "{t}: not incremental");
+        assert!(r.removed.is_empty(), "{t}: nothing removed");
+        if t == p.topic() {
+            assert_full_state(r, p);
         } else {
             assert!(r.resources.is_empty(), "{t} must be empty: {r:?}");
         }
     }
-    // Nonces are distinct.
-    let nonces: std::collections::BTreeSet<_> =
-        got.values().map(|rs| rs[0].nonce.clone()).collect();
+    let nonces: BTreeSet<_> = got.values().map(|rs| rs[0].nonce.clone()).collect();
     assert_eq!(nonces.len(), got.len(), "every response has its own nonce");
     for rs in got.values() {
-        s.send(xds_ack(&rs[0]));
+        s.ack(&rs[0]);
     }
     s.silent("everything ACKed, nothing changed").await;
     a.stop().await;
@@ -166,31 +473,41 @@ async fn istiod_pattern(types: &[&str], se_type: &str) {
 
 #[tokio::test]
 async fn xds_istiod_1_24_request_pattern() {
-    istiod_pattern(&PILOT_TYPES_V1, SE_V1).await;
+    request_pattern(Protocol::Sotw(SE_V1), &PILOT_TYPES_V1).await;
 }
 
 #[tokio::test]
 async fn xds_istiod_1_22_request_pattern_v1alpha3() {
-    istiod_pattern(&PILOT_TYPES_V1ALPHA3, SE_V1ALPHA3).await;
+    request_pattern(Protocol::Sotw(SE_V1ALPHA3), &PILOT_TYPES_V1ALPHA3).await;
 }
 
 #[tokio::test]
 async fn xds_service_entry_v1beta1_is_served_too() {
     let mut types = PILOT_TYPES_V1.to_vec();
     types[5] = SE_V1BETA1;
-    istiod_pattern(&types, SE_V1BETA1).await;
+    request_pattern(Protocol::Sotw(SE_V1BETA1), &types).await;
 }
+
+#[tokio::test]
+async fn legacy_pilot_1_7_pattern() {
+    request_pattern(Protocol::Legacy { incremental: false }, &LEGACY_COLLECTIONS).await;
+}
+
+// ---- one protocol, or the core ---------------------------------------------------------------
 
 #[tokio::test]
 async fn xds_all_three_spellings_carry_the_same_resources() {
     let a = synced(vec![mk_service("a", 1)]).await;
-    let mut s = a.xds().await;
+    let mut s = a.sink(Protocol::Sotw(SE_V1)).await;
     let mut got = BTreeMap::new();
     for t in [SE_V1, SE_V1BETA1, SE_V1ALPHA3] {
-        s.send(xds_req(t, ""));
+        s.send(Ask {
+            topic: t,
+            ..Ask::default()
+        });
         let r = s.recv().await;
-        assert_eq!(r.type_url, t);
-        got.insert(t, (r.version_info.clone(), r.resources.clone()));
+        assert_eq!(r.topic.as_deref(), Some(t));
+        got.insert(t, (r.version.clone(), r.raw.clone()));
     }
     let first = got[SE_V1].clone();
     for (t, v) in &got {
@@ -199,27 +516,16 @@ async fn xds_all_three_spellings_carry_the_same_resources() {
     a.stop().await;
 }
 
+/// Until the first sync, health and /readyz say not serving and ServiceEntries wait; then all
+/// say serving.
 #[tokio::test]
 async fn before_first_sync_only_unknown_types_are_answered() {
     let a = Adapter::start().await;
     let mut health = HealthClient::new(a.channel().await);
-    let check = |h: &mut HealthClient<tonic::transport::Channel>| {
-        let mut h = h.clone();
-        async move {
-            tokio::time::timeout(
-                STEP,
-                h.check(HealthCheckRequest {
-                    service: String::new(),
-                }),
-            )
-            .await
-            .expect("health timed out")
-            .expect("health answers")
-            .into_inner()
-            .status
-        }
-    };
-    assert_eq!(check(&mut health).await, ServingStatus::NotServing as i32);
+    assert_eq!(
+        health_of(&mut health, "").await,
+        ServingStatus::NotServing as i32
+    );
     let (code, body) = http_get(a.admin(), "/readyz").await;
     assert_eq!(code, 503, "{body}");
 
@@ -238,7 +544,10 @@ async fn before_first_sync_only_unknown_types_are_answered() {
     s.send(xds_ack(&r));
     s.silent("no ServiceEntry answer before the first sync")
         .await;
-    assert_eq!(check(&mut health).await, ServingStatus::NotServing as i32);
+    assert_eq!(
+        health_of(&mut health, "").await,
+        ServingStatus::NotServing as i32
+    );
     assert_eq!(http_get(a.admin(), "/readyz").await.0, 503);
 
     reset(&a.handle, vec![mk_service("a", 1)]);
@@ -246,109 +555,25 @@ async fn before_first_sync_only_unknown_types_are_answered() {
     assert_eq!(r.type_url, SE_V1);
     assert_eq!(names(&decode_xds(&r)), vec!["fake/a"]);
     a.wait_readyz(200).await;
-    assert_eq!(check(&mut health).await, ServingStatus::Serving as i32);
+    assert_eq!(
+        health_of(&mut health, "").await,
+        ServingStatus::Serving as i32
+    );
     s.send(xds_ack(&r));
     s.silent("VirtualService is not answered again").await;
     a.stop().await;
 }
 
 #[tokio::test]
-async fn before_first_sync_an_empty_registry_is_answered_once_synced() {
-    let a = Adapter::start().await;
-    let mut s = a.xds().await;
-    s.send(xds_req(SE_V1, ""));
-    s.silent_for(Duration::from_millis(200), "not synced").await;
-    reset(&a.handle, vec![]);
-    let r = s.recv().await;
-    assert_eq!(r.type_url, SE_V1);
-    assert!(r.resources.is_empty());
-    assert!(!r.version_info.is_empty());
-    a.stop().await;
-}
-
-#[tokio::test]
-async fn xds_update_flow_ack_stale_nack() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.xds().await;
-    s.send(xds_req(SE_V1, ""));
-    let r1 = s.recv().await;
-    assert_eq!(names(&decode_xds(&r1)), vec!["fake/a", "fake/b"]);
-    s.send(xds_ack(&r1));
-
-    // A change: full state, new version.
-    a.handle.send(RegistryEvent::Upsert(mk_service("a", 3)));
-    let r2 = s.recv().await;
-    assert_ne!(r2.version_info, r1.version_info);
-    assert_ne!(r2.nonce, r1.nonce);
-    let m2 = decode_xds(&r2);
-    assert_eq!(names(&m2), vec!["fake/a", "fake/b"], "full state");
-    assert_eq!(m2["fake/a"].spec.endpoints.len(), 3);
-    assert_eq!(m2["fake/b"], decode_xds(&r1)["fake/b"]);
-    s.send(xds_ack(&r2));
-
-    // Removal: by omission.
-    a.handle.send(RegistryEvent::Remove(ServiceKey::new("b")));
-    let r3 = s.recv().await;
-    assert_eq!(names(&decode_xds(&r3)), vec!["fake/a"]);
-    assert_ne!(r3.version_info, r2.version_info);
-    s.send(xds_ack(&r3));
-
-    // A stale nonce: ignored.
-    s.send(DiscoveryRequest {
-        version_info: r1.version_info.clone(),
-        ..xds_req(SE_V1, &r1.nonce)
-    });
-    s.send(xds_req(SE_V1, "no-such-nonce"));
-    s.silent("stale nonces are ignored").await;
-
-    // NACK: the rejected set is not sent again.
-    a.handle.send(RegistryEvent::Upsert(mk_service("c", 1)));
-    let r4 = s.recv().await;
-    assert_eq!(names(&decode_xds(&r4)), vec!["fake/a", "fake/c"]);
-    s.send(DiscoveryRequest {
-        version_info: r3.version_info.clone(),
-        error_detail: Some(envoy_types::pb::google::rpc::Status {
-            code: 3,
-            message: "rejected by test".into(),
-            details: vec![],
-        }),
-        ..xds_req(SE_V1, &r4.nonce)
-    });
-    s.silent("a NACKed set is not resent").await;
-
-    // A later change is sent.
-    a.handle.send(RegistryEvent::Upsert(mk_service("d", 1)));
-    let r5 = s.recv().await;
-    assert_eq!(names(&decode_xds(&r5)), vec!["fake/a", "fake/c", "fake/d"]);
-    assert_ne!(r5.version_info, r4.version_info);
-    s.send(xds_ack(&r5));
-    s.silent("ACKed").await;
-
-    let m = a.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            r#"mcp_adapter_nacks_total{protocol="xds",type="serviceentry",registry="fake"}"#
-        ),
-        Some(1.0),
-        "{m}"
-    );
-    a.stop().await;
-}
-
-#[tokio::test]
 async fn relist_without_change_sends_nothing() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 2)]).await;
-    let mut s = a.xds().await;
-    s.send(xds_req(SE_V1, ""));
-    let r1 = s.recv().await;
-    s.send(xds_ack(&r1));
+    let services = vec![mk_service("a", 1), mk_service("b", 2)];
+    let (a, mut s, r1) = acked(Protocol::Sotw(SE_V1), services).await;
     s.silent_for(Duration::from_millis(100), "ACKed").await;
     let before = metric_sum(&a.metrics().await, "mcp_adapter_snapshots_total");
     assert_eq!(before, 1.0, "one initial snapshot");
 
     reset(&a.handle, vec![mk_service("b", 2), mk_service("a", 1)]);
-    a.handle.send(RegistryEvent::Upsert(mk_service("a", 1)));
+    upsert(&a, "a", 1);
     s.silent("an unchanged re-list is not a change").await;
     assert_eq!(
         metric_sum(&a.metrics().await, "mcp_adapter_snapshots_total"),
@@ -357,91 +582,34 @@ async fn relist_without_change_sends_nothing() {
     );
 
     // The events above were processed: a real change right after them is the next response.
-    a.handle.send(RegistryEvent::Upsert(mk_service("b", 3)));
+    upsert(&a, "b", 3);
     let r2 = s.recv().await;
-    assert_eq!(decode_xds(&r2)["fake/b"].spec.endpoints.len(), 3);
+    assert_eq!(r2.resources["fake/b"].spec.endpoints.len(), 3);
     assert_eq!(
-        decode_xds(&r2)["fake/a"],
-        decode_xds(&r1)["fake/a"],
+        r2.resources["fake/a"], r1.resources["fake/a"],
         "a unchanged"
     );
     a.stop().await;
 }
 
+/// Over delta xDS a new stream telling what it holds (`initial_resource_versions`) gets only the
+/// differences: what it lacks or holds at another version, and what it holds that is gone.
 #[tokio::test]
-async fn reconnect_gets_the_same_state_and_version() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.xds().await;
-    s.send(xds_req(SE_V1, ""));
-    let r1 = s.recv().await;
-    s.send(xds_ack(&r1));
+async fn delta_xds_initial_versions_send_only_differences() {
+    let p = Protocol::Delta(SE_V1);
+    let (a, s, r1) = subscribed(p).await;
     drop(s);
-
-    let mut s = a.xds().await;
-    s.send(DiscoveryRequest {
-        node: Some(istiod_node()),
-        version_info: r1.version_info.clone(),
-        ..xds_req(SE_V1, &timestamped_nonce(7))
-    });
-    let r2 = s.recv().await;
-    assert_eq!(r2.version_info, r1.version_info);
-    assert_eq!(r2.resources, r1.resources, "byte-identical resources");
-    a.stop().await;
-}
-
-#[tokio::test]
-async fn delta_xds_changes_removals_and_initial_versions() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.delta().await;
-    s.send(DeltaDiscoveryRequest {
-        node: Some(istiod_node()),
-        type_url: SE_V1.into(),
-        ..Default::default()
-    });
-    let r1 = s.recv().await;
-    assert_eq!(r1.type_url, SE_V1);
-    assert!(r1.removed_resources.is_empty());
-    assert!(!r1.system_version_info.is_empty());
-    let mut versions = BTreeMap::new();
-    for dr in &r1.resources {
-        let d = decode_any(dr.resource.as_ref().expect("resource set"));
-        assert_eq!(d.name, dr.name, "envelope name = metadata name");
-        assert_eq!(d.version, dr.version, "envelope version = metadata version");
-        versions.insert(dr.name.clone(), dr.version.clone());
-    }
-    assert_eq!(
-        versions.keys().cloned().collect::<Vec<_>>(),
-        vec!["fake/a", "fake/b"]
-    );
-    s.send(delta_ack(&r1));
-
-    a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
-    let r2 = s.recv().await;
-    let sent: Vec<_> = r2.resources.iter().map(|r| r.name.clone()).collect();
-    assert_eq!(sent, vec!["fake/a"], "only the changed resource");
-    assert!(r2.removed_resources.is_empty());
-    assert_ne!(r2.resources[0].version, versions["fake/a"]);
-    let a_version = r2.resources[0].version.clone();
-    s.send(delta_ack(&r2));
-
-    a.handle.send(RegistryEvent::Remove(ServiceKey::new("b")));
-    let r3 = s.recv().await;
-    assert!(r3.resources.is_empty(), "{r3:?}");
-    assert_eq!(r3.removed_resources, vec!["fake/b"]);
-    s.send(delta_ack(&r3));
-    s.silent("ACKed").await;
-    drop(s);
-
-    // A new stream telling what it holds: only differences are sent.
-    a.handle.send(RegistryEvent::Upsert(mk_service("c", 1)));
-    a.handle.send(RegistryEvent::Upsert(mk_service("d", 1)));
+    remove(&a, "b");
+    upsert(&a, "c", 1);
+    upsert(&a, "d", 1);
     a.wait_served(&["fake/a", "fake/c", "fake/d"]).await;
+
     let mut s = a.delta().await;
     s.send(DeltaDiscoveryRequest {
         node: Some(istiod_node()),
         type_url: SE_V1.into(),
         initial_resource_versions: [
-            ("fake/a".to_string(), a_version),
+            ("fake/a".to_string(), r1.resources["fake/a"].version.clone()),
             ("fake/c".to_string(), "0000000000000000".to_string()),
             ("fake/zzz".to_string(), "1".to_string()),
         ]
@@ -449,194 +617,26 @@ async fn delta_xds_changes_removals_and_initial_versions() {
         .collect(),
         ..Default::default()
     });
-    let r4 = s.recv().await;
-    let mut sent: Vec<_> = r4.resources.iter().map(|r| r.name.clone()).collect();
+    let r2 = s.recv().await;
+    let mut sent: Vec<_> = r2.resources.iter().map(|r| r.name.clone()).collect();
     sent.sort();
     assert_eq!(sent, vec!["fake/c", "fake/d"], "a is up to date");
-    assert_eq!(r4.removed_resources, vec!["fake/zzz"]);
-    s.send(delta_ack(&r4));
+    assert_eq!(r2.removed_resources, vec!["fake/zzz"]);
+    s.send(delta_ack(&r2));
     s.silent("ACKed").await;
     a.stop().await;
 }
 
-#[tokio::test]
-async fn legacy_pilot_1_7_pattern() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.legacy().await;
-    for c in LEGACY_COLLECTIONS {
-        s.send(legacy_req(c, "", false));
-    }
-    let mut got: BTreeMap<String, Vec<_>> = BTreeMap::new();
-    for _ in 0..LEGACY_COLLECTIONS.len() {
-        let r = s.recv().await;
-        got.entry(r.collection.clone()).or_default().push(r);
-    }
-    let mut expected: Vec<String> = LEGACY_COLLECTIONS.iter().map(|c| c.to_string()).collect();
-    expected.sort();
-    assert_eq!(got.keys().cloned().collect::<Vec<_>>(), expected);
-    for (c, rs) in &got {
-        assert_eq!(rs.len(), 1, "one response for {c}");
-        let r = &rs[0];
-        assert!(!r.incremental, "{c}: not incremental");
-        assert!(r.removed_resources.is_empty());
-        if c == SE_COLLECTION {
-            let m = decode_legacy(&r.resources);
-            assert_eq!(names(&m), vec!["fake/a", "fake/b"]);
-            assert_eq!(m["fake/a"].spec.hosts, vec!["a.fake.local"]);
-            assert!(!r.system_version_info.is_empty());
-        } else {
-            assert!(r.resources.is_empty(), "{c} must be empty");
-        }
-    }
-    for rs in got.values() {
-        s.send(legacy_ack(&rs[0]));
-    }
-    s.silent("all ACKed").await;
-
-    // A change: the full state again, not incremental.
-    a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
-    let r = s.recv().await;
-    assert_eq!(r.collection, SE_COLLECTION);
-    assert!(!r.incremental);
-    let m = decode_legacy(&r.resources);
-    assert_eq!(names(&m), vec!["fake/a", "fake/b"]);
-    assert_eq!(m["fake/a"].spec.endpoints.len(), 2);
-    s.send(legacy_ack(&r));
-
-    // Stale nonce: ignored.
-    s.send(legacy_req(SE_COLLECTION, "stale-nonce", false));
-    s.silent("stale nonce").await;
-
-    // One response in flight: a second change waits for the ACK, then the newest state goes.
-    a.handle.send(RegistryEvent::Upsert(mk_service("c", 1)));
-    let first = s.recv().await;
-    assert_eq!(
-        names(&decode_legacy(&first.resources)),
-        vec!["fake/a", "fake/b", "fake/c"]
-    );
-    a.handle.send(RegistryEvent::Upsert(mk_service("d", 1)));
-    a.handle.send(RegistryEvent::Remove(ServiceKey::new("b")));
-    s.silent("one response in flight per collection").await;
-    s.send(legacy_ack(&first));
-    let newest = s.recv().await;
-    assert_eq!(
-        names(&decode_legacy(&newest.resources)),
-        vec!["fake/a", "fake/c", "fake/d"]
-    );
-    s.send(legacy_ack(&newest));
-    s.silent("ACKed").await;
-    a.stop().await;
-}
-
-#[tokio::test]
-async fn legacy_incremental_when_requested() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.legacy().await;
-    s.send(legacy_req(SE_COLLECTION, "", true));
-    s.send(legacy_req(
-        "istio/networking/v1alpha3/virtualservices",
-        "",
-        true,
-    ));
-    let mut first = None;
-    for _ in 0..2 {
-        let r = s.recv().await;
-        if r.collection == SE_COLLECTION {
-            first = Some(r);
-        } else {
-            assert!(r.resources.is_empty());
-            s.send(legacy_req(&r.collection, &r.nonce, true));
-        }
-    }
-    let r1 = first.expect("serviceentries answered");
-    assert!(!r1.incremental, "the first response is the full state");
-    assert_eq!(
-        names(&decode_legacy(&r1.resources)),
-        vec!["fake/a", "fake/b"]
-    );
-    s.send(legacy_req(SE_COLLECTION, &r1.nonce, true));
-
-    a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
-    let r2 = s.recv().await;
-    assert!(r2.incremental);
-    assert_eq!(names(&decode_legacy(&r2.resources)), vec!["fake/a"]);
-    assert!(r2.removed_resources.is_empty());
-    s.send(legacy_req(SE_COLLECTION, &r2.nonce, true));
-
-    a.handle.send(RegistryEvent::Remove(ServiceKey::new("b")));
-    let r3 = s.recv().await;
-    assert!(r3.incremental);
-    assert!(r3.resources.is_empty());
-    assert_eq!(r3.removed_resources, vec!["fake/b"]);
-    s.send(legacy_req(SE_COLLECTION, &r3.nonce, true));
-
-    s.send(legacy_req(SE_COLLECTION, &r1.nonce, true));
-    s.silent("stale nonce").await;
-    a.stop().await;
-}
-
-#[tokio::test]
-async fn aggregated_mesh_config_service_sotw_and_incremental() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-
-    let mut s = a.mesh_sotw().await;
-    s.send(MeshConfigRequest {
-        type_url: SE_COLLECTION.into(),
-        ..Default::default()
-    });
-    let r1 = s.recv().await;
-    assert_eq!(r1.type_url, SE_COLLECTION);
-    assert_eq!(
-        names(&decode_legacy(&r1.resources)),
-        vec!["fake/a", "fake/b"]
-    );
-    s.send(MeshConfigRequest {
-        type_url: SE_COLLECTION.into(),
-        response_nonce: r1.nonce.clone(),
-        version_info: r1.version_info.clone(),
-        ..Default::default()
-    });
-    a.handle.send(RegistryEvent::Upsert(mk_service("c", 1)));
-    let r2 = s.recv().await;
-    assert_eq!(
-        names(&decode_legacy(&r2.resources)),
-        vec!["fake/a", "fake/b", "fake/c"],
-        "full state"
-    );
-    assert_ne!(r2.version_info, r1.version_info);
-    drop(s);
-
-    let mut s = a.mesh_incremental().await;
-    s.send(IncrementalMeshConfigRequest {
-        type_url: SE_COLLECTION.into(),
-        ..Default::default()
-    });
-    let r1 = s.recv().await;
-    assert_eq!(
-        names(&decode_legacy(&r1.resources)),
-        vec!["fake/a", "fake/b", "fake/c"]
-    );
-    assert!(r1.removed_resources.is_empty());
-    let ack = |nonce: &str| IncrementalMeshConfigRequest {
-        type_url: SE_COLLECTION.into(),
-        response_nonce: nonce.into(),
-        ..Default::default()
-    };
-    s.send(ack(&r1.nonce));
-    a.handle.send(RegistryEvent::Upsert(mk_service("a", 3)));
-    a.handle.send(RegistryEvent::Remove(ServiceKey::new("b")));
-    // The two events may be published together or one after the other.
-    let mut changed = Vec::new();
-    let mut removed = Vec::new();
-    while removed.is_empty() || changed.is_empty() {
-        let r = s.recv().await;
-        changed.extend(names(&decode_legacy(&r.resources)));
-        removed.extend(r.removed_resources.clone());
-        s.send(ack(&r.nonce));
-    }
-    assert_eq!(changed, vec!["fake/a"]);
-    assert_eq!(removed, vec!["fake/b"]);
-    a.stop().await;
+/// The first update an mcpctl sink gets from `a` over MCP-over-xDS.
+async fn mcpctl_first(a: &Adapter) -> (Sink, SinkUpdate) {
+    let mut sink = Sink::connect(SinkOptions::new(a.xds_url()))
+        .await
+        .expect("sink connects");
+    let u = tokio::time::timeout(STEP, sink.next())
+        .await
+        .expect("timed out")
+        .expect("update");
+    (sink, u)
 }
 
 #[tokio::test]
@@ -645,13 +645,7 @@ async fn quarantine_serves_only_valid_and_reports_the_invalid() {
     bad.ports[0].name = "Not_Valid".into();
     let a = synced(vec![mk_service("good", 1), bad]).await;
 
-    let mut sink = Sink::connect(SinkOptions::new(a.xds_url()))
-        .await
-        .expect("sink connects");
-    let u = tokio::time::timeout(STEP, sink.next())
-        .await
-        .expect("timed out")
-        .expect("update");
+    let (_sink, u) = mcpctl_first(&a).await;
     assert_eq!(
         u.state.keys().cloned().collect::<Vec<_>>(),
         vec!["fake/good"]
@@ -672,30 +666,20 @@ async fn quarantine_serves_only_valid_and_reports_the_invalid() {
         q[0]["reasons"].to_string().contains("spec.ports[0].name"),
         "{d}"
     );
-    let m = a.metrics().await;
-    assert_eq!(
-        metric(&m, r#"mcp_adapter_quarantined_resources{registry="fake"}"#),
+    a.assert_metric(
+        r#"mcp_adapter_quarantined_resources{registry="fake"}"#,
         Some(1.0),
-        "{m}"
-    );
-    assert_eq!(
-        metric(&m, r#"mcp_adapter_resources{registry="fake"}"#),
-        Some(1.0),
-        "{m}"
-    );
+    )
+    .await;
+    a.assert_metric(r#"mcp_adapter_resources{registry="fake"}"#, Some(1.0))
+        .await;
     a.stop().await;
 }
 
 #[tokio::test]
 async fn registry_outage_keeps_serving_the_last_good_state() {
     let a = synced(vec![mk_service("a", 1)]).await;
-    let mut sink = Sink::connect(SinkOptions::new(a.xds_url()))
-        .await
-        .expect("sink connects");
-    let u = tokio::time::timeout(STEP, sink.next())
-        .await
-        .expect("timed out")
-        .expect("update");
+    let (mut sink, u) = mcpctl_first(&a).await;
     assert_eq!(u.state.keys().cloned().collect::<Vec<_>>(), vec!["fake/a"]);
 
     a.handle
@@ -728,30 +712,17 @@ async fn registry_outage_keeps_serving_the_last_good_state() {
         .await
         .expect("stream ok")
         .is_none());
-    let mut fresh = Sink::connect(SinkOptions::new(a.xds_url()))
-        .await
-        .expect("sink connects");
-    let u2 = tokio::time::timeout(STEP, fresh.next())
-        .await
-        .expect("timed out")
-        .expect("update");
+    let (mut fresh, u2) = mcpctl_first(&a).await;
     assert_eq!(u2.state, u.state);
     assert_eq!(u2.version_info, u.version_info);
 
-    let m = a.metrics().await;
-    assert_eq!(
-        metric(&m, r#"mcp_adapter_registry_healthy{registry="fake"}"#),
-        Some(0.0),
-        "{m}"
-    );
-    assert_eq!(
-        metric(
-            &m,
-            r#"mcp_adapter_registry_errors_total{kind="unavailable",registry="fake"}"#
-        ),
+    let healthy = r#"mcp_adapter_registry_healthy{registry="fake"}"#;
+    a.assert_metric(healthy, Some(0.0)).await;
+    a.assert_metric(
+        r#"mcp_adapter_registry_errors_total{kind="unavailable",registry="fake"}"#,
         Some(1.0),
-        "{m}"
-    );
+    )
+    .await;
 
     // The registry is back: a new Reset on the new watch.
     reset(&a.handle, vec![mk_service("a", 1)]);
@@ -762,12 +733,7 @@ async fn registry_outage_keeps_serving_the_last_good_state() {
     );
     let d = a.debug().await;
     assert_eq!(d["healthy"], true, "{d}");
-    let m = a.metrics().await;
-    assert_eq!(
-        metric(&m, r#"mcp_adapter_registry_healthy{registry="fake"}"#),
-        Some(1.0),
-        "{m}"
-    );
+    a.assert_metric(healthy, Some(1.0)).await;
     assert!(
         fresh
             .next_within(Duration::from_millis(300))
@@ -788,13 +754,13 @@ async fn two_replicas_serve_identical_resources() {
     let y = synced(services).await;
     let mut got = Vec::new();
     for a in [&x, &y] {
-        let mut s = a.xds().await;
-        s.send(xds_req(SE_V1, ""));
+        let mut s = a.sink(Protocol::Sotw(SE_V1)).await;
+        s.subscribe();
         got.push(s.recv().await);
     }
-    assert_eq!(got[0].version_info, got[1].version_info);
-    let (mx, my) = (decode_xds(&got[0]), decode_xds(&got[1]));
-    assert_eq!(names(&mx), vec!["fake/a", "fake/b"]);
+    assert_eq!(got[0].version, got[1].version);
+    let (mx, my) = (&got[0].resources, &got[1].resources);
+    assert_eq!(got[0].names(), vec!["fake/a", "fake/b"]);
     assert_eq!(mx, my, "names, versions, create_time and bodies agree");
     assert_eq!(
         mx["fake/a"].create_time,
@@ -803,7 +769,7 @@ async fn two_replicas_serve_identical_resources() {
             nanos: 0
         })
     );
-    assert_eq!(got[0].resources, got[1].resources, "byte-identical");
+    assert_eq!(got[0].raw, got[1].raw, "byte-identical");
     x.stop().await;
     y.stop().await;
 }
@@ -816,36 +782,32 @@ async fn coalescing_window_merges_a_burst() {
     let keys = ["a", "b", "c", "d", "e"];
     reset(&a.handle, keys.iter().map(|k| mk_service(k, 1)).collect());
     a.wait_readyz(200).await;
-    let mut s = a.xds().await;
-    s.send(xds_req(SE_V1, ""));
+    let mut s = a.sink(Protocol::Sotw(SE_V1)).await;
+    s.subscribe();
     let r1 = s.recv().await;
-    let before = decode_xds(&r1);
+    let before = &r1.resources;
     assert_eq!(before.len(), 5);
-    s.send(xds_ack(&r1));
+    s.ack(&r1);
     s.silent_for(Duration::from_millis(300), "ACKed").await;
 
     for k in keys {
-        a.handle.send(RegistryEvent::Upsert(mk_service(k, 2)));
+        upsert(&a, k, 2);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let r2 = s.recv().await;
-    let after = decode_xds(&r2);
+    let after = &r2.resources;
     for k in keys {
         let n = format!("fake/{k}");
         assert_ne!(after[&n].version, before[&n].version, "{n} changed");
         assert_eq!(after[&n].spec.endpoints.len(), 2);
     }
-    s.send(xds_ack(&r2));
+    s.ack(&r2);
     s.silent("the whole burst was one push").await;
-    let m = a.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            r#"mcp_adapter_snapshots_total{reason="change",registry="fake"}"#
-        ),
+    a.assert_metric(
+        r#"mcp_adapter_snapshots_total{reason="change",registry="fake"}"#,
         Some(1.0),
-        "{m}"
-    );
+    )
+    .await;
     a.stop().await;
 }
 
@@ -879,7 +841,7 @@ async fn changes_are_not_lost_while_other_requests_arrive() {
         }
     }
     for i in 2..42 {
-        a.handle.send(RegistryEvent::Upsert(mk_service("a", i)));
+        upsert(&a, "a", i);
         let deadline = tokio::time::Instant::now() + STEP;
         loop {
             let r = match tokio::time::timeout_at(deadline, s.rx.message()).await {
@@ -938,11 +900,8 @@ fn other_type_round(s: &XdsStream, r: &DiscoveryResponse, wide: &mut bool) {
 
 #[tokio::test]
 async fn a_service_turning_invalid_keeps_its_last_good_version() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.xds().await;
-    s.send(xds_req(SE_V1, ""));
-    let r1 = s.recv().await;
-    s.send(xds_ack(&r1));
+    let services = vec![mk_service("a", 1), mk_service("b", 1)];
+    let (a, mut s, _) = acked(Protocol::Sotw(SE_V1), services).await;
 
     let mut bad = mk_service("a", 5);
     bad.ports[0].name = "Not_Valid".into();
@@ -956,9 +915,9 @@ async fn a_service_turning_invalid_keeps_its_last_good_version() {
     assert_eq!(d["resources"].as_array().map(Vec::len), Some(2), "{d}");
 
     // Valid again: served, and out of quarantine.
-    a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
+    upsert(&a, "a", 2);
     let r2 = s.recv().await;
-    assert_eq!(decode_xds(&r2)["fake/a"].spec.endpoints.len(), 2);
+    assert_eq!(r2.resources["fake/a"].spec.endpoints.len(), 2);
     let d = a.debug().await;
     assert_eq!(d["quarantined"].as_array().map(Vec::len), Some(0), "{d}");
     a.stop().await;

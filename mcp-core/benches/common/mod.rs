@@ -1,13 +1,19 @@
-//! Helpers shared by the `latency` and `memory` bench binaries.
+//! Helpers shared by this crate's bench binaries: model input, a raw xDS client, the admin
+//! port, and the machine line of the summaries. What a process costs (`/proc`) is read with
+//! `mcp_core::testing::bench`, which the end-to-end scale bench shares.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
 use mcp_core::model::Service;
-use mcp_core::testing::mk_service;
+use mcp_core::runtime::{self, Running};
+use mcp_core::testing::{bench, fake_registry, mk_service, test_args, FakeHandle};
+use mcp_core::translate::TranslateConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -22,6 +28,31 @@ pub fn services(n: usize, endpoints: usize) -> Vec<Service> {
     (0..n)
         .map(|i| mk_service(&format!("svc-{i:05}"), endpoints))
         .collect()
+}
+
+/// The adapter runtime over a fake registry, measured without the coalescing window (the benches
+/// measure the path, not the wait).
+pub async fn start_fake() -> (Running, FakeHandle) {
+    let (registry, handle) = fake_registry();
+    let mut args = test_args();
+    args.coalesce = std::time::Duration::ZERO;
+    let running = runtime::start(registry, args)
+        .await
+        .expect("runtime starts");
+    (running, handle)
+}
+
+/// The translation settings of the fake registry's runtime.
+pub fn translate_config() -> TranslateConfig {
+    TranslateConfig {
+        namespace: "fake".into(),
+        host_suffix: "fake.local".into(),
+        export_to: vec![],
+        registry: "fake".into(),
+        source: "fake".into(),
+        on_empty: mcp_core::cli::OnEmpty::Keep,
+        vip_cidr: mcp_core::vip::VipCidr::Off,
+    }
 }
 
 /// A raw envoy ADS client without a message size limit.
@@ -61,6 +92,31 @@ pub async fn sotw_subscribe(
     (tx, stream)
 }
 
+/// Opens a delta xDS stream subscribed to ServiceEntries (with `node`, as istiod sends it);
+/// returns the request sender and the response stream.
+pub async fn delta_subscribe(
+    addr: SocketAddr,
+    node: Option<Node>,
+) -> (
+    mpsc::UnboundedSender<DeltaDiscoveryRequest>,
+    Streaming<DeltaDiscoveryResponse>,
+) {
+    let mut client = ads_client(addr).await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(DeltaDiscoveryRequest {
+        type_url: SE.into(),
+        node,
+        ..Default::default()
+    })
+    .expect("send");
+    let stream = client
+        .delta_aggregated_resources(UnboundedReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    (tx, stream)
+}
+
 /// Plain HTTP/1.1 GET; returns the body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(addr)
@@ -77,41 +133,11 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
     }
 }
 
-/// Sum of every series of metric `name` in a Prometheus text exposition.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// (VmRSS, VmHWM) of this process in KiB.
-pub fn rss_kib() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 /// Machine line for the summaries.
 pub fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{cores} cores ({cpu}), shared with other work")
+    format!(
+        "{} cores ({}), shared with other work",
+        bench::cores(),
+        bench::cpu_model().unwrap_or_else(|| "unknown".into())
+    )
 }

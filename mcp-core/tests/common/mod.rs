@@ -1,7 +1,10 @@
 //! Helpers for the conformance tests: a running adapter over a fake registry, raw protocol
-//! clients with timeouts, and a tiny HTTP GET for the admin port.
+//! clients with timeouts, a sink over any protocol ([`sink`]), and a tiny HTTP GET for the admin
+//! port.
 
 #![allow(dead_code)]
+
+pub mod sink;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -135,6 +138,12 @@ impl Adapter {
         let (code, body) = http_get(self.admin(), "/metrics").await;
         assert_eq!(code, 200, "/metrics: {body}");
         body
+    }
+
+    /// Asserts the value of one series on /metrics (see [`metric`]).
+    pub async fn assert_metric(&self, series: &str, want: Option<f64>) {
+        let m = self.metrics().await;
+        assert_eq!(metric(&m, series), want, "{series}:\n{m}");
     }
 
     pub async fn debug(&self) -> serde_json::Value {
@@ -281,10 +290,6 @@ pub fn legacy_req(collection: &str, nonce: &str, incremental: bool) -> RequestRe
     }
 }
 
-pub fn legacy_ack(r: &Resources) -> RequestResources {
-    legacy_req(&r.collection, &r.nonce, false)
-}
-
 // ---- decoding ----
 
 /// A decoded MCP resource.
@@ -320,13 +325,6 @@ pub fn decode_xds(r: &DiscoveryResponse) -> BTreeMap<String, Decoded> {
     r.resources
         .iter()
         .map(decode_any)
-        .map(|d| (d.name.clone(), d))
-        .collect()
-}
-
-pub fn decode_legacy(rs: &[Resource]) -> BTreeMap<String, Decoded> {
-    rs.iter()
-        .map(decode_resource)
         .map(|d| (d.name.clone(), d))
         .collect()
 }
@@ -369,9 +367,5 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
 }
 
 /// Sum of every series of a metric family.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum()
-}
+#[allow(unused_imports)] // like the rest of this module, not every test binary uses it
+pub use mcp_core::testing::metric_sum;
