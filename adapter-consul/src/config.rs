@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::flags::{FilterFlags, FilterNames, TlsFlags, TlsNames};
+use mcp_core::flags::{FilterFlags, TlsFlags};
 use mcp_core::parse;
 
 /// Consul connection and selection settings.
@@ -102,29 +102,19 @@ pub struct ConsulConfig {
     pub concurrency: usize,
 }
 
-/// The names of adapter-consul's service filter.
-#[derive(Clone, Debug)]
-pub struct ConsulServices;
+mcp_core::filter_names!(
+    /// The names of adapter-consul's service filter.
+    ConsulServices: "service" ("MCP_CONSUL_SERVICES") / "exclude-service" ("MCP_CONSUL_EXCLUDE_SERVICES"),
+    "these services", "these services"
+);
 
-impl FilterNames for ConsulServices {
-    const ALLOW: &'static str = "service";
-    const ALLOW_ENV: &'static str = "MCP_CONSUL_SERVICES";
-    const DENY: &'static str = "exclude-service";
-    const DENY_ENV: &'static str = "MCP_CONSUL_EXCLUDE_SERVICES";
-    const ALLOW_HELP: &'static str = "these services";
-    const DENY_HELP: &'static str = "these services";
-}
-
-/// The names of adapter-consul's TLS files: the consul CLI's.
-#[derive(Clone, Debug)]
-pub struct ConsulTls;
-
-impl TlsNames for ConsulTls {
-    const PEER: &'static str = "Consul";
-    const CA: (&'static str, &'static str) = ("consul-ca", "CONSUL_CACERT");
-    const CERT: (&'static str, &'static str) = ("consul-client-cert", "CONSUL_CLIENT_CERT");
-    const KEY: (&'static str, &'static str) = ("consul-client-key", "CONSUL_CLIENT_KEY");
-}
+mcp_core::tls_names!(
+    /// The names of adapter-consul's TLS files: the consul CLI's.
+    ConsulTls: "Consul",
+    ca "consul-ca" ("CONSUL_CACERT"),
+    cert "consul-client-cert" ("CONSUL_CLIENT_CERT"),
+    key "consul-client-key" ("CONSUL_CLIENT_KEY"),
+);
 
 /// Most requests in flight, whatever `--consul-concurrency` says.
 pub const MAX_CONCURRENCY: usize = 128;

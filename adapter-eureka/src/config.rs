@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::flags::{FilterFlags, FilterNames, TlsFlags, TlsNames};
+use mcp_core::flags::{FilterFlags, TlsFlags};
 use mcp_core::parse;
 
 /// Eureka connection and selection settings.
@@ -56,29 +56,19 @@ pub struct EurekaConfig {
     pub apps: FilterFlags<EurekaApps>,
 }
 
-/// The names of adapter-eureka's app filter.
-#[derive(Clone, Debug)]
-pub struct EurekaApps;
+mcp_core::filter_names!(
+    /// The names of adapter-eureka's app filter.
+    EurekaApps: "app" ("MCP_EUREKA_APPS") / "exclude-app" ("MCP_EUREKA_EXCLUDE_APPS"),
+    "these apps (case-insensitive)", "these apps (case-insensitive)"
+);
 
-impl FilterNames for EurekaApps {
-    const ALLOW: &'static str = "app";
-    const ALLOW_ENV: &'static str = "MCP_EUREKA_APPS";
-    const DENY: &'static str = "exclude-app";
-    const DENY_ENV: &'static str = "MCP_EUREKA_EXCLUDE_APPS";
-    const ALLOW_HELP: &'static str = "these apps (case-insensitive)";
-    const DENY_HELP: &'static str = "these apps (case-insensitive)";
-}
-
-/// The names of adapter-eureka's TLS files.
-#[derive(Clone, Debug)]
-pub struct EurekaTls;
-
-impl TlsNames for EurekaTls {
-    const PEER: &'static str = "Eureka";
-    const CA: (&'static str, &'static str) = ("eureka-ca", "EUREKA_CA");
-    const CERT: (&'static str, &'static str) = ("eureka-client-cert", "EUREKA_CLIENT_CERT");
-    const KEY: (&'static str, &'static str) = ("eureka-client-key", "EUREKA_CLIENT_KEY");
-}
+mcp_core::tls_names!(
+    /// The names of adapter-eureka's TLS files.
+    EurekaTls: "Eureka",
+    ca "eureka-ca" ("EUREKA_CA"),
+    cert "eureka-client-cert" ("EUREKA_CLIENT_CERT"),
+    key "eureka-client-key" ("EUREKA_CLIENT_KEY"),
+);
 
 /// Shortest refresh interval: Eureka answers deltas from a cache, polling faster buys nothing.
 pub const MIN_REFRESH: Duration = Duration::from_secs(1);

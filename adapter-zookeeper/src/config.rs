@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::flags::{FilterFlags, FilterNames};
+use mcp_core::flags::FilterFlags;
 use mcp_core::parse;
 
 /// Which ZooKeeper layouts to read.
@@ -96,46 +96,26 @@ pub struct ZookeeperConfig {
     pub dubbo_versions: FilterFlags<DubboVersions>,
 }
 
-/// The names of adapter-zookeeper's service filter.
-#[derive(Clone, Debug)]
-pub struct ZkServices;
+mcp_core::filter_names!(
+    /// The names of adapter-zookeeper's service filter.
+    ZkServices: "service" ("MCP_ZK_SERVICES") / "exclude-service" ("MCP_ZK_EXCLUDE_SERVICES"),
+    "these services: Dubbo interfaces, Curator/Spring services or Dubbo 3 applications",
+    "these services"
+);
 
-impl FilterNames for ZkServices {
-    const ALLOW: &'static str = "service";
-    const ALLOW_ENV: &'static str = "MCP_ZK_SERVICES";
-    const DENY: &'static str = "exclude-service";
-    const DENY_ENV: &'static str = "MCP_ZK_EXCLUDE_SERVICES";
-    const ALLOW_HELP: &'static str =
-        "these services: Dubbo interfaces, Curator/Spring services or Dubbo 3 applications";
-    const DENY_HELP: &'static str = "these services";
-}
+mcp_core::filter_names!(
+    /// The names of the Dubbo group filter.
+    DubboGroups: "dubbo-group" ("MCP_ZK_DUBBO_GROUPS") / "exclude-dubbo-group" ("MCP_ZK_EXCLUDE_DUBBO_GROUPS"),
+    "Dubbo providers in these groups (a provider without a group has the empty group, which only `*` matches)",
+    "Dubbo providers in these groups"
+);
 
-/// The names of the Dubbo group filter.
-#[derive(Clone, Debug)]
-pub struct DubboGroups;
-
-impl FilterNames for DubboGroups {
-    const ALLOW: &'static str = "dubbo-group";
-    const ALLOW_ENV: &'static str = "MCP_ZK_DUBBO_GROUPS";
-    const DENY: &'static str = "exclude-dubbo-group";
-    const DENY_ENV: &'static str = "MCP_ZK_EXCLUDE_DUBBO_GROUPS";
-    const ALLOW_HELP: &'static str = "Dubbo providers in these groups (a provider without a group has the empty group, which only `*` matches)";
-    const DENY_HELP: &'static str = "Dubbo providers in these groups";
-}
-
-/// The names of the Dubbo version filter.
-#[derive(Clone, Debug)]
-pub struct DubboVersions;
-
-impl FilterNames for DubboVersions {
-    const ALLOW: &'static str = "dubbo-version";
-    const ALLOW_ENV: &'static str = "MCP_ZK_DUBBO_VERSIONS";
-    const DENY: &'static str = "exclude-dubbo-version";
-    const DENY_ENV: &'static str = "MCP_ZK_EXCLUDE_DUBBO_VERSIONS";
-    const ALLOW_HELP: &'static str =
-        "Dubbo providers of these versions (no version is the empty one, matched by `*`)";
-    const DENY_HELP: &'static str = "Dubbo providers of these versions";
-}
+mcp_core::filter_names!(
+    /// The names of the Dubbo version filter.
+    DubboVersions: "dubbo-version" ("MCP_ZK_DUBBO_VERSIONS") / "exclude-dubbo-version" ("MCP_ZK_EXCLUDE_DUBBO_VERSIONS"),
+    "Dubbo providers of these versions (no version is the empty one, matched by `*`)",
+    "Dubbo providers of these versions"
+);
 
 impl ZookeeperConfig {
     /// The roots to read, with the layout of each (`None` = classify each directory).

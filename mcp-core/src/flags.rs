@@ -30,6 +30,52 @@ pub trait FilterNames: Clone + std::fmt::Debug + Send + Sync + 'static {
     const DENY_HELP: &'static str;
 }
 
+/// Declares a marker type `$name` that names a [`FilterFlags`] pair: its allow flag and
+/// variable, its deny flag and variable, and what each selects for `--help`.
+///
+/// ```
+/// mcp_core::filter_names!(
+///     /// The names of the app filter.
+///     Apps: "app" ("MCP_APPS") / "exclude-app" ("MCP_EXCLUDE_APPS"), "these apps", "these apps"
+/// );
+/// type AppFlags = mcp_core::flags::FilterFlags<Apps>;
+/// ```
+#[macro_export]
+macro_rules! filter_names {
+    ($(#[$doc:meta])* $name:ident: $allow:literal ($allow_env:literal) / $deny:literal ($deny_env:literal), $allow_help:expr, $deny_help:expr $(,)?) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $name;
+
+        impl $crate::flags::FilterNames for $name {
+            const ALLOW: &'static str = $allow;
+            const ALLOW_ENV: &'static str = $allow_env;
+            const DENY: &'static str = $deny;
+            const DENY_ENV: &'static str = $deny_env;
+            const ALLOW_HELP: &'static str = $allow_help;
+            const DENY_HELP: &'static str = $deny_help;
+        }
+    };
+}
+
+/// Declares a marker type `$name` that names a [`TlsFlags`] group: the peer, and each file's
+/// flag and variable.
+#[macro_export]
+macro_rules! tls_names {
+    ($(#[$doc:meta])* $name:ident: $peer:literal, ca $ca:literal ($ca_env:literal), cert $cert:literal ($cert_env:literal), key $key:literal ($key_env:literal) $(,)?) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $name;
+
+        impl $crate::flags::TlsNames for $name {
+            const PEER: &'static str = $peer;
+            const CA: (&'static str, &'static str) = ($ca, $ca_env);
+            const CERT: (&'static str, &'static str) = ($cert, $cert_env);
+            const KEY: (&'static str, &'static str) = ($key, $key_env);
+        }
+    };
+}
+
 /// An allow list and a deny list of names or globs (`*`, `?`), each comma-separated or repeated:
 /// a name passes when the allow list is empty or matches it, and the deny list does not.
 #[derive(Clone, Debug)]
@@ -224,25 +270,19 @@ mod tests {
     use super::*;
     use clap::Parser;
 
-    #[derive(Clone, Debug)]
-    struct Apps;
-    impl FilterNames for Apps {
-        const ALLOW: &'static str = "app";
-        const ALLOW_ENV: &'static str = "TEST_FLAGS_APPS";
-        const DENY: &'static str = "exclude-app";
-        const DENY_ENV: &'static str = "TEST_FLAGS_EXCLUDE_APPS";
-        const ALLOW_HELP: &'static str = "these apps";
-        const DENY_HELP: &'static str = "these apps";
-    }
+    crate::filter_names!(
+        /// Test names.
+        Apps: "app" ("TEST_FLAGS_APPS") / "exclude-app" ("TEST_FLAGS_EXCLUDE_APPS"),
+        "these apps", "these apps"
+    );
 
-    #[derive(Clone, Debug)]
-    struct Peer;
-    impl TlsNames for Peer {
-        const PEER: &'static str = "Peer";
-        const CA: (&'static str, &'static str) = ("peer-ca", "TEST_FLAGS_PEER_CA");
-        const CERT: (&'static str, &'static str) = ("peer-client-cert", "TEST_FLAGS_PEER_CERT");
-        const KEY: (&'static str, &'static str) = ("peer-client-key", "TEST_FLAGS_PEER_KEY");
-    }
+    crate::tls_names!(
+        /// Test names.
+        Peer: "Peer",
+        ca "peer-ca" ("TEST_FLAGS_PEER_CA"),
+        cert "peer-client-cert" ("TEST_FLAGS_PEER_CERT"),
+        key "peer-client-key" ("TEST_FLAGS_PEER_KEY"),
+    );
 
     #[derive(Parser, Debug)]
     struct Cli {
