@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::consul::Consul;
+use e2e::consul::{Consul, Registration};
 use e2e::{http, Adapter};
 use hdrhistogram::Histogram;
 use mcpctl::sink::{Sink, SinkOptions};
@@ -86,15 +86,14 @@ fn main() {
     let consul = Consul::start(None);
     for s in 0..50 {
         for i in 0..10 {
+            let (node, service, id) = (
+                format!("node-{i}"),
+                format!("svc-{s}"),
+                format!("svc-{s}-{i}"),
+            );
+            let address = format!("10.1.{s}.{}", i + 1);
             consul.register(
-                &format!("node-{i}"),
-                &format!("svc-{s}"),
-                &format!("svc-{s}-{i}"),
-                &format!("10.1.{s}.{}", i + 1),
-                8080,
-                &[],
-                &[("protocol", "http")],
-                "passing",
+                &Registration::new(&node, &service, &id, &address, 8080).protocol("http"),
             );
         }
     }
