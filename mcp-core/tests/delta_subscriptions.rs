@@ -47,18 +47,42 @@ fn sent(r: &DeltaDiscoveryResponse) -> Vec<String> {
     names
 }
 
+type Delta = Raw<DeltaDiscoveryRequest, DeltaDiscoveryResponse>;
+
+/// The next response, which must carry exactly `names` (`why` says why).
+async fn expect_sent(s: &mut Delta, names: &[&str], why: &str) -> DeltaDiscoveryResponse {
+    let r = s.recv().await;
+    assert_eq!(sent(&r), names, "{why}");
+    r
+}
+
+/// A delta stream on `a` whose first request subscribes to `subscribe`; its first response
+/// must carry `names`, and is ACKed.
+async fn subscribed(
+    a: &Adapter,
+    subscribe: &[&str],
+    names: &[&str],
+    why: &str,
+) -> (Delta, DeltaDiscoveryResponse) {
+    let mut s = a.delta().await;
+    s.send(first(subscribe));
+    let r1 = expect_sent(&mut s, names, why).await;
+    s.send(delta_ack(&r1));
+    (s, r1)
+}
+
+/// The two services most tests start from.
+fn a_and_b() -> Vec<Service> {
+    vec![mk_service("a", 1), mk_service("b", 1)]
+}
+
 #[tokio::test]
 async fn unsubscribing_the_wildcard_keeps_explicit_names() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.delta().await;
-    s.send(first(&[]));
-    let r1 = s.recv().await;
-    assert_eq!(sent(&r1), vec!["fake/a", "fake/b"], "legacy wildcard");
-    s.send(delta_ack(&r1));
+    let a = synced(a_and_b()).await;
+    let (mut s, _) = subscribed(&a, &[], &["fake/a", "fake/b"], "legacy wildcard").await;
 
     s.send(change("", &["fake/a"], &[]));
-    let r2 = s.recv().await;
-    assert_eq!(sent(&r2), vec!["fake/a"], "a newly subscribed name is sent");
+    let r2 = expect_sent(&mut s, &["fake/a"], "a newly subscribed name is sent").await;
     assert!(r2.removed_resources.is_empty());
     s.send(delta_ack(&r2));
 
@@ -69,8 +93,7 @@ async fn unsubscribing_the_wildcard_keeps_explicit_names() {
     a.handle.send(RegistryEvent::Upsert(mk_service("b", 2)));
     s.silent("fake/b is no longer subscribed").await;
     a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
-    let r3 = s.recv().await;
-    assert_eq!(sent(&r3), vec!["fake/a"], "fake/a is still subscribed");
+    let r3 = expect_sent(&mut s, &["fake/a"], "fake/a is still subscribed").await;
     assert!(r3.removed_resources.is_empty(), "{r3:?}");
     s.send(delta_ack(&r3));
     s.silent("ACKed").await;
@@ -85,12 +108,8 @@ async fn unsubscribing_only_before_the_first_answer_is_not_a_wildcard() {
     s.send(first(&["fake/a"]));
     s.send(change("", &[], &["fake/zzz"]));
     s.silent("not synced").await;
-    a.handle.send(RegistryEvent::Reset(vec![
-        mk_service("a", 1),
-        mk_service("b", 1),
-    ]));
-    let r1 = s.recv().await;
-    assert_eq!(sent(&r1), vec!["fake/a"], "still an explicit subscription");
+    a.handle.send(RegistryEvent::Reset(a_and_b()));
+    let r1 = expect_sent(&mut s, &["fake/a"], "still an explicit subscription").await;
     s.send(delta_ack(&r1));
     a.handle.send(RegistryEvent::Upsert(mk_service("b", 2)));
     s.silent("fake/b was never subscribed").await;
@@ -99,26 +118,16 @@ async fn unsubscribing_only_before_the_first_answer_is_not_a_wildcard() {
 
 #[tokio::test]
 async fn subscription_change_with_a_stale_nonce_is_honoured() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.delta().await;
-    s.send(first(&["fake/a"]));
-    let r1 = s.recv().await;
-    assert_eq!(sent(&r1), vec!["fake/a"]);
-    s.send(delta_ack(&r1));
+    let a = synced(a_and_b()).await;
+    let (mut s, r1) = subscribed(&a, &["fake/a"], &["fake/a"], "subscribed").await;
     s.silent("ACKed").await;
 
     a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
-    let r2 = s.recv().await;
-    assert_eq!(sent(&r2), vec!["fake/a"]);
+    let r2 = expect_sent(&mut s, &["fake/a"], "fake/a changed").await;
     // Before handling r2, the sink subscribes to fake/b quoting r1's (now stale) nonce.
     s.send(change(&r1.nonce, &["fake/b"], &[]));
     s.send(delta_ack(&r2));
-    let r3 = s.recv().await;
-    assert_eq!(
-        sent(&r3),
-        vec!["fake/b"],
-        "the stale request's change is applied"
-    );
+    let r3 = expect_sent(&mut s, &["fake/b"], "the stale request's change is applied").await;
     s.send(delta_ack(&r3));
 
     // With nothing in flight, a stale unsubscription is applied too (and needs no answer).
@@ -127,50 +136,39 @@ async fn subscription_change_with_a_stale_nonce_is_honoured() {
     a.handle.send(RegistryEvent::Upsert(mk_service("a", 3)));
     s.silent("fake/a is no longer subscribed").await;
     a.handle.send(RegistryEvent::Upsert(mk_service("b", 2)));
-    let r4 = s.recv().await;
-    assert_eq!(sent(&r4), vec!["fake/b"]);
+    expect_sent(&mut s, &["fake/b"], "fake/b changed").await;
     a.stop().await;
 }
 
 #[tokio::test]
 async fn explicit_names_outlive_a_wildcard_added_and_dropped() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.delta().await;
-    s.send(first(&["fake/a"]));
-    let r1 = s.recv().await;
-    assert_eq!(sent(&r1), vec!["fake/a"]);
-    s.send(delta_ack(&r1));
+    let a = synced(a_and_b()).await;
+    let (mut s, _) = subscribed(&a, &["fake/a"], &["fake/a"], "subscribed").await;
 
     s.send(change("", &["*"], &[]));
-    let r2 = s.recv().await;
-    assert_eq!(sent(&r2), vec!["fake/b"], "fake/a is held already");
+    let r2 = expect_sent(&mut s, &["fake/b"], "fake/a is held already").await;
     s.send(delta_ack(&r2));
 
     s.send(change("", &[], &["*"]));
     s.silent("no removal for fake/a (still subscribed) nor fake/b (dropped by the sink)")
         .await;
     a.handle.send(RegistryEvent::Upsert(mk_service("a", 2)));
-    let r3 = s.recv().await;
-    assert_eq!(sent(&r3), vec!["fake/a"], "fake/a is still subscribed");
+    let r3 = expect_sent(&mut s, &["fake/a"], "fake/a is still subscribed").await;
     assert!(r3.removed_resources.is_empty(), "{r3:?}");
     a.stop().await;
 }
 
 #[tokio::test]
 async fn unsubscribed_names_are_not_reported_removed_and_come_back() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.delta().await;
-    s.send(first(&["fake/a", "fake/b"]));
-    let r1 = s.recv().await;
-    assert_eq!(sent(&r1), vec!["fake/a", "fake/b"]);
-    s.send(delta_ack(&r1));
+    let a = synced(a_and_b()).await;
+    let both = ["fake/a", "fake/b"];
+    let (mut s, _) = subscribed(&a, &both, &both, "subscribed").await;
 
     s.send(change("", &[], &["fake/b"]));
     s.silent("the sink dropped fake/b itself").await;
 
     s.send(change("", &["fake/b"], &[]));
-    let r2 = s.recv().await;
-    assert_eq!(sent(&r2), vec!["fake/b"], "resent although unchanged");
+    let r2 = expect_sent(&mut s, &["fake/b"], "resent although unchanged").await;
     assert!(r2.removed_resources.is_empty());
     s.send(delta_ack(&r2));
     s.silent("ACKed").await;
@@ -180,35 +178,25 @@ async fn unsubscribed_names_are_not_reported_removed_and_come_back() {
 #[tokio::test]
 async fn subscribing_to_a_missing_name_reports_it_removed() {
     let a = synced(vec![mk_service("a", 1)]).await;
-    let mut s = a.delta().await;
-    s.send(first(&["fake/a", "fake/zzz"]));
-    let r1 = s.recv().await;
-    assert_eq!(sent(&r1), vec!["fake/a"]);
+    let (mut s, r1) = subscribed(&a, &["fake/a", "fake/zzz"], &["fake/a"], "fake/a exists").await;
     assert_eq!(
         r1.removed_resources,
         vec!["fake/zzz"],
         "so the sink need not time out"
     );
-    s.send(delta_ack(&r1));
     a.handle.send(RegistryEvent::Upsert(mk_service("zzz", 1)));
-    let r2 = s.recv().await;
-    assert_eq!(sent(&r2), vec!["fake/zzz"], "sent once it exists");
+    expect_sent(&mut s, &["fake/zzz"], "sent once it exists").await;
     a.stop().await;
 }
 
 #[tokio::test]
 async fn unsubscribing_a_name_under_the_wildcard_resends_its_state() {
-    let a = synced(vec![mk_service("a", 1), mk_service("b", 1)]).await;
-    let mut s = a.delta().await;
-    s.send(first(&["*", "fake/a"]));
-    let r1 = s.recv().await;
-    assert_eq!(sent(&r1), vec!["fake/a", "fake/b"]);
-    s.send(delta_ack(&r1));
+    let a = synced(a_and_b()).await;
+    let (mut s, _) = subscribed(&a, &["*", "fake/a"], &["fake/a", "fake/b"], "subscribed").await;
 
     // The sink cannot know whether `*` covers fake/a: the server tells it.
     s.send(change("", &[], &["fake/a"]));
-    let r2 = s.recv().await;
-    assert_eq!(sent(&r2), vec!["fake/a"]);
+    let r2 = expect_sent(&mut s, &["fake/a"], "fake/a's state resent").await;
     assert!(r2.removed_resources.is_empty());
     s.send(delta_ack(&r2));
     s.silent("ACKed").await;

@@ -126,22 +126,39 @@ async fn listener() -> (tokio::net::TcpListener, u16) {
     (l, port)
 }
 
-type AdsHandles = (
-    u16,
-    Handle<DiscoveryRequest, wire::DiscoveryResponse>,
-    Handle<DeltaDiscoveryRequest, wire::DeltaDiscoveryResponse>,
-);
+type SotwHandle = Handle<DiscoveryRequest, wire::DiscoveryResponse>;
+type DeltaHandle = Handle<DeltaDiscoveryRequest, wire::DeltaDiscoveryResponse>;
+type AdsHandles = (u16, SotwHandle, DeltaHandle);
 
+/// A scripted ADS server on a free port.
 async fn serve_ads() -> AdsHandles {
+    let (l, port) = listener().await;
+    let (h1, h2) = serve_ads_on(l);
+    (port, h1, h2)
+}
+
+/// A scripted ADS server on `l`: the handles of its SotW and delta streams.
+fn serve_ads_on(l: tokio::net::TcpListener) -> (SotwHandle, DeltaHandle) {
     let (sotw, h1) = script();
     let (delta, h2) = script();
-    let (l, port) = listener().await;
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(AggregatedDiscoveryServiceServer::new(Ads { sotw, delta }))
             .serve_with_incoming(TcpListenerStream::new(l)),
     );
-    (port, h1, h2)
+    (h1, h2)
+}
+
+/// A scripted legacy MCP (ResourceSource) server on a free port.
+async fn serve_legacy() -> (u16, Handle<RequestResources, wire::Resources>) {
+    let (s, h) = script();
+    let (l, port) = listener().await;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ResourceSourceServer::new(Legacy(s)))
+            .serve_with_incoming(TcpListenerStream::new(l)),
+    );
+    (port, h)
 }
 
 fn resource(name: &str, version: &str, host: &str) -> Bytes {
@@ -189,15 +206,13 @@ async fn xds_subscribes_acks_and_nacks() {
         Some(mcpctl::sink::NODE_ID)
     );
 
-    h.send(wire::DiscoveryResponse {
-        version_info: "v1".into(),
-        resources: vec![
-            any(resource("ns/a", "1", "a")),
-            any(resource("ns/b", "1", "b")),
-        ],
-        type_url: first.type_url.clone(),
-        nonce: "n1".into(),
-    });
+    let t = first.type_url.as_str();
+    h.send(sotw_of(
+        t,
+        "v1",
+        "n1",
+        vec![resource("ns/a", "1", "a"), resource("ns/b", "1", "b")],
+    ));
     let u = sink.next().await.unwrap();
     assert_eq!(keys(&u), ["ns/a", "ns/b"]);
     assert_eq!(u.version_info, "v1");
@@ -220,12 +235,8 @@ async fn xds_subscribes_acks_and_nacks() {
         .is_none());
 
     // A broken resource is NACKed with the last accepted version and reported by name.
-    h.send(wire::DiscoveryResponse {
-        version_info: "v2".into(),
-        resources: vec![any(Bytes::from_static(b"\x0a\x05\x0a\x03ns/"))],
-        type_url: first.type_url.clone(),
-        nonce: "n2".into(),
-    });
+    let broken = Bytes::from_static(b"\x0a\x05\x0a\x03ns/");
+    h.send(sotw_of(t, "v2", "n2", vec![broken]));
     let err = sink.next().await.unwrap_err();
     assert!(matches!(err, SinkError::Decode { .. }), "{err}");
     let nack = h.request().await;
@@ -234,12 +245,7 @@ async fn xds_subscribes_acks_and_nacks() {
     assert!(nack.error_detail.unwrap().message.contains("ns/"));
 
     // Omission deletes.
-    h.send(wire::DiscoveryResponse {
-        version_info: "v3".into(),
-        resources: vec![any(resource("ns/b", "3", "b3"))],
-        type_url: first.type_url.clone(),
-        nonce: "n3".into(),
-    });
+    h.send(sotw_of(t, "v3", "n3", vec![resource("ns/b", "3", "b3")]));
     let u = sink
         .next_within(Duration::from_secs(5))
         .await
@@ -302,13 +308,7 @@ async fn delta_applies_upserts_and_removals() {
 
 #[tokio::test]
 async fn legacy_mcp_incremental() {
-    let (s, mut h) = script();
-    let (l, port) = listener().await;
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ResourceSourceServer::new(Legacy(s)))
-            .serve_with_incoming(TcpListenerStream::new(l)),
-    );
+    let (port, mut h) = serve_legacy().await;
     let mut opts = SinkOptions::new(format!("mcp://127.0.0.1:{port}"));
     opts.incremental = true;
     let mut sink = Sink::connect(opts).await.unwrap();
@@ -354,16 +354,10 @@ async fn connect_retries_until_server_is_up() {
     opts.connect_timeout = Duration::from_secs(5);
     let connecting = tokio::spawn(Sink::connect(opts));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (sotw, mut h) = script();
-    let (delta, _h2) = script();
     let l = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AggregatedDiscoveryServiceServer::new(Ads { sotw, delta }))
-            .serve_with_incoming(TcpListenerStream::new(l)),
-    );
+    let (mut h, _h2) = serve_ads_on(l);
     let _sink = connecting.await.unwrap().unwrap();
     assert_eq!(h.request().await.type_url, ApiVersion::V1.type_url());
 }
@@ -371,13 +365,7 @@ async fn connect_retries_until_server_is_up() {
 #[tokio::test]
 async fn unimplemented_service_fails_fast() {
     // A server with only the legacy service: xDS gets Unimplemented, which retrying won't fix.
-    let (s, _h) = script();
-    let (l, port) = listener().await;
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ResourceSourceServer::new(Legacy(s)))
-            .serve_with_incoming(TcpListenerStream::new(l)),
-    );
+    let (port, _h) = serve_legacy().await;
     let started = std::time::Instant::now();
     let err = Sink::connect(SinkOptions::new(format!("xds://127.0.0.1:{port}")))
         .await
@@ -395,11 +383,22 @@ async fn unimplemented_service_fails_fast() {
     );
 }
 
+/// A SotW response of `v1` ServiceEntries.
 fn sotw(version: &str, nonce: &str, resources: Vec<Bytes>) -> wire::DiscoveryResponse {
+    sotw_of(ApiVersion::V1.type_url(), version, nonce, resources)
+}
+
+/// A SotW response of `type_url`.
+fn sotw_of(
+    type_url: &str,
+    version: &str,
+    nonce: &str,
+    resources: Vec<Bytes>,
+) -> wire::DiscoveryResponse {
     wire::DiscoveryResponse {
         version_info: version.into(),
         resources: resources.into_iter().map(any).collect(),
-        type_url: ApiVersion::V1.type_url().into(),
+        type_url: type_url.into(),
         nonce: nonce.into(),
     }
 }

@@ -8,10 +8,13 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::consul::Consul;
+use e2e::consul::{Consul, Registration};
 use e2e::{http, Adapter};
 use hdrhistogram::Histogram;
+use latency::{histogram, p50_p99_ratios, print_quantiles, record};
 use mcpctl::sink::{Sink, SinkOptions};
+
+mod latency;
 
 const ROUNDS: usize = 200;
 
@@ -22,14 +25,7 @@ fn endpoints(u: &mcpctl::sink::Update, name: &str) -> usize {
 }
 
 fn report(what: &str, h: &Histogram<u64>) {
-    println!(
-        "{what:<44} n={:<4} p50={:>7.2}ms p90={:>7.2}ms p99={:>7.2}ms max={:>7.2}ms",
-        h.len(),
-        h.value_at_quantile(0.5) as f64 / 1000.0,
-        h.value_at_quantile(0.9) as f64 / 1000.0,
-        h.value_at_quantile(0.99) as f64 / 1000.0,
-        h.max() as f64 / 1000.0
-    );
+    print_quantiles(44, what, h);
 }
 
 fn consul_index(consul: &Consul, path: &str) -> u64 {
@@ -59,7 +55,7 @@ fn http_raw(consul: &Consul, path: &str) -> String {
 /// Flips svc-7-3's check ROUNDS times and records how long until the sink holds each change;
 /// `pause` between flips makes them isolated, `None` is sustained churn.
 async fn flips(sink: &mut Sink, consul: &Consul, pause: Option<Duration>) -> Histogram<u64> {
-    let mut h = Histogram::<u64>::new(3).expect("histogram");
+    let mut h = histogram();
     for round in 0..ROUNDS {
         if let Some(p) = pause {
             tokio::time::sleep(p).await;
@@ -77,7 +73,7 @@ async fn flips(sink: &mut Sink, consul: &Consul, pause: Option<Duration>) -> His
                 break;
             }
         }
-        h.record(t0.elapsed().as_micros() as u64).expect("record");
+        record(&mut h, t0.elapsed());
     }
     h
 }
@@ -86,15 +82,14 @@ fn main() {
     let consul = Consul::start(None);
     for s in 0..50 {
         for i in 0..10 {
+            let (node, service, id) = (
+                format!("node-{i}"),
+                format!("svc-{s}"),
+                format!("svc-{s}-{i}"),
+            );
+            let address = format!("10.1.{s}.{}", i + 1);
             consul.register(
-                &format!("node-{i}"),
-                &format!("svc-{s}"),
-                &format!("svc-{s}-{i}"),
-                &format!("10.1.{s}.{}", i + 1),
-                8080,
-                &[],
-                &[("protocol", "http")],
-                "passing",
+                &Registration::new(&node, &service, &id, &address, 8080).protocol("http"),
             );
         }
     }
@@ -114,7 +109,7 @@ fn main() {
     adapter.wait_ready();
 
     // Floor: Consul's blocking query on the same service, woken by the same write.
-    let mut floor = Histogram::<u64>::new(3).expect("histogram");
+    let mut floor = histogram();
     for round in 0..ROUNDS {
         let index = consul_index(&consul, "/v1/health/service/svc-7");
         let addr = consul.http;
@@ -132,9 +127,7 @@ fn main() {
         let t0 = Instant::now();
         consul.set_check("node-3", "svc-7-3", status);
         let woke = waiter.join().expect("waiter");
-        floor
-            .record(woke.duration_since(t0).as_micros() as u64)
-            .expect("record");
+        record(&mut floor, woke.duration_since(t0));
     }
     consul.set_check("node-3", "svc-7-3", "passing");
 
@@ -158,9 +151,5 @@ fn main() {
     report("floor: consul blocking query wakes up", &floor);
     report("adapter-consul -> xDS sink, isolated changes", &ours);
     report("same, sustained churn (rate limit 1 query/50ms)", &churn);
-    println!(
-        "ratio p50 {:.2}x, p99 {:.2}x",
-        ours.value_at_quantile(0.5) as f64 / floor.value_at_quantile(0.5).max(1) as f64,
-        ours.value_at_quantile(0.99) as f64 / floor.value_at_quantile(0.99).max(1) as f64
-    );
+    println!("ratio {}", p50_p99_ratios(&ours, &floor));
 }

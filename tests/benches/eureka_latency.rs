@@ -11,11 +11,9 @@ use std::time::Duration;
 
 use e2e::eureka::{Eureka, Instance};
 use e2e::{endpoint_addresses, item, Adapter, Adsc, IstioVersion};
+use latency::{ms_between as ms, summary};
 
-/// Milliseconds between two instants.
-fn ms(from: std::time::Instant, to: std::time::Instant) -> f64 {
-    to.saturating_duration_since(from).as_secs_f64() * 1000.0
-}
+mod latency;
 
 /// Change-to-sink latency: for status flips of one instance, how soon the server's own
 /// `/apps/delta` shows the change (the floor) and how soon Istio's client stores it.
@@ -67,13 +65,10 @@ fn latency(refresh: &str, refresh_ms: u64) {
         sink.push(ms(t0, t_sink));
     }
     let stats = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let s = summary(v);
         format!(
             "min {:.0} ms, mean {:.0} ms, max {:.0} ms",
-            v[0],
-            mean,
-            v[v.len() - 1]
+            s.min, s.mean, s.max
         )
     };
     eprintln!(

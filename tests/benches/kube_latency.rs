@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use e2e::kube::{ready, service, slice, slices_path, KubeApiServer, ADMIN_TOKEN};
 use e2e::{endpoint_addresses, item, Adapter, Adsc, IstioVersion};
+use latency::{ms_between as ms, summary};
 
-fn ms(from: Instant, to: Instant) -> f64 {
-    to.saturating_duration_since(from).as_secs_f64() * 1000.0
-}
+mod latency;
 
 /// The web slice with `n` ready endpoints.
 fn web_slice(n: usize) -> serde_json::Value {
@@ -94,14 +93,10 @@ fn main() {
     let _ = watch.kill();
     let _ = watch.wait();
     let stats = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let s = summary(v);
         format!(
             "min {:.1} ms, p50 {:.1} ms, mean {:.1} ms, max {:.1} ms",
-            v[0],
-            v[v.len() / 2],
-            mean,
-            v[v.len() - 1]
+            s.min, s.p50, s.mean, s.max
         )
     };
     eprintln!(

@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
+use latency::{histogram_of as histogram, ms};
 use mcpctl::sink::{Sink, SinkOptions};
 use serde_json::{json, Value};
 
@@ -33,6 +33,8 @@ use e2e::mesh::{apply, mesh_api_server, sidecar_scope, Mesh};
 use e2e::netns::{isolate_args, pod_ip};
 use e2e::registries::{Instance, Registries, Registry};
 use e2e::wait_for;
+
+mod latency;
 
 const PORT: u16 = 18080;
 const SERVICE: &str = "cart";
@@ -177,18 +179,6 @@ struct Row {
     envoy_in: Vec<Duration>,
     requests: usize,
     failed: usize,
-}
-
-fn histogram(v: &[Duration]) -> Histogram<u64> {
-    let mut h = Histogram::<u64>::new(3).expect("histogram");
-    for d in v {
-        h.record(d.as_micros() as u64).expect("record");
-    }
-    h
-}
-
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
-    h.value_at_quantile(q) as f64 / 1000.0
 }
 
 /// `rounds` times: take instance x3 out, wait until Envoy stops sending to it (no request for

@@ -29,7 +29,10 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use e2e::zookeeper::{provider_path, Writer, ZooKeeper};
 use e2e::Adapter;
 use hdrhistogram::Histogram;
+use latency::{histogram, p50_p99_ratios, print_quantiles, record};
 use mcpctl::sink::{Sink, SinkOptions};
+
+mod latency;
 
 const ROUNDS: usize = 200;
 
@@ -44,14 +47,7 @@ fn url(ip: &str, iface: &str) -> String {
 }
 
 fn report(what: &str, h: &Histogram<u64>) {
-    println!(
-        "{what:<46} n={:<4} p50={:>7.2}ms p90={:>7.2}ms p99={:>7.2}ms max={:>7.2}ms",
-        h.len(),
-        h.value_at_quantile(0.5) as f64 / 1000.0,
-        h.value_at_quantile(0.9) as f64 / 1000.0,
-        h.value_at_quantile(0.99) as f64 / 1000.0,
-        h.max() as f64 / 1000.0
-    );
+    print_quantiles(46, what, h);
 }
 
 fn endpoints(u: &mcpctl::sink::Update, iface: &str) -> usize {
@@ -212,7 +208,7 @@ fn main() {
         let client = zookeeper_async::ZooKeeper::connect(&servers, Duration::from_secs(10), Noop)
             .await
             .expect("zk client");
-        let mut floor = Histogram::<u64>::new(3).expect("histogram");
+        let mut floor = histogram();
         for round in 0..ROUNDS {
             let (tx, rx) = mpsc::channel();
             client
@@ -232,9 +228,7 @@ fn main() {
                     .await
                     .expect("join")
                     .expect("watch fired");
-            floor
-                .record(fired.duration_since(t0).as_micros() as u64)
-                .expect("record");
+            record(&mut floor, fired.duration_since(t0));
         }
         // Ours: the same writes until an xDS sink holds the change; first mcpctl's sink, then
         // the light one, each with the floor on its own writes.
@@ -256,23 +250,17 @@ fn main() {
     report("floor: zookeeper child watch fires", &floor);
     report("floor on the same writes (50 ms apart)", &same);
     report("adapter-zookeeper -> xDS sink holds the change", &ours);
-    let ratio = |q: f64, a: &Histogram<u64>, f: &Histogram<u64>| {
-        a.value_at_quantile(q) as f64 / f.value_at_quantile(q).max(1) as f64
-    };
     println!(
-        "ratio p50 {:.2}x, p99 {:.2}x; to the floor on the same writes: p50 {:.2}x, p99 {:.2}x",
-        ratio(0.5, &ours, &floor),
-        ratio(0.99, &ours, &floor),
-        ratio(0.5, &ours, &same),
-        ratio(0.99, &ours, &same)
+        "ratio {}; to the floor on the same writes: {}",
+        p50_p99_ratios(&ours, &floor),
+        p50_p99_ratios(&ours, &same)
     );
     println!("the same with a sink that decodes only the watched interface's ServiceEntry:");
     report("floor on the same writes (50 ms apart)", &same_light);
     report("adapter-zookeeper -> light sink holds it", &light);
     println!(
-        "ratio to the floor on the same writes: p50 {:.2}x, p99 {:.2}x",
-        ratio(0.5, &light, &same_light),
-        ratio(0.99, &light, &same_light)
+        "ratio to the floor on the same writes: {}",
+        p50_p99_ratios(&light, &same_light)
     );
 }
 
@@ -286,8 +274,7 @@ async fn rounds(
     iface: &str,
     sink: &mut Watching,
 ) -> (Histogram<u64>, Histogram<u64>) {
-    let mut ours = Histogram::<u64>::new(3).expect("histogram");
-    let mut same = Histogram::<u64>::new(3).expect("histogram");
+    let (mut ours, mut same) = (histogram(), histogram());
     for round in 0..ROUNDS {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let want = if round % 2 == 0 { 11 } else { 10 };
@@ -306,14 +293,12 @@ async fn rounds(
             w.delete(extra);
         }
         sink.until(iface, want).await;
-        ours.record(t0.elapsed().as_micros() as u64)
-            .expect("record");
+        record(&mut ours, t0.elapsed());
         let fired = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(5)))
             .await
             .expect("join")
             .expect("watch fired");
-        same.record(fired.duration_since(t0).as_micros() as u64)
-            .expect("record");
+        record(&mut same, fired.duration_since(t0));
     }
     (same, ours)
 }

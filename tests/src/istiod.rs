@@ -5,38 +5,29 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use crate::kube::KubeApiServer;
-use crate::{free_addr, http_get, tail, target_dir};
+use crate::{free_addr, http_get, peer_file, tail, Process};
 
 /// The pilot-discovery binary: `$PILOT_DISCOVERY` (a full path), else `target/istio/pilot-discovery`.
 pub fn pilot_discovery_bin() -> PathBuf {
-    let bin = std::env::var_os("PILOT_DISCOVERY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            target_dir()
-                .parent()
-                .map(|t| t.join("istio").join("pilot-discovery"))
-                .unwrap_or_default()
-        });
-    assert!(
-        bin.exists(),
-        "{} missing: build it with tests/go-peers/build.sh target (the README's test command does)",
-        bin.display()
-    );
-    bin
+    peer_file(
+        "PILOT_DISCOVERY",
+        "istio/pilot-discovery",
+        "tests/go-peers/build.sh target",
+    )
 }
 
 /// A running istiod, killed on drop.
 pub struct Istiod {
-    child: Child,
+    process: Process,
     /// HTTP address (`/ready`, `/debug/*`).
     pub http: SocketAddr,
     /// Plaintext xDS address.
     pub grpc: SocketAddr,
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 /// How istiod is configured.
@@ -103,7 +94,6 @@ impl Istiod {
         let grpc = free_addr();
         let secure = free_addr();
         let https = free_addr();
-        let log = std::fs::File::create(dir.path().join("istiod.log")).expect("istiod log");
         let mut cmd = Command::new(pilot_discovery_bin());
         cmd.arg("discovery")
             .arg("--meshConfig")
@@ -126,42 +116,21 @@ impl Istiod {
             cmd.env("PILOT_ENABLE_ALPN_FILTER", "false")
                 .env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
         }
-        let child = cmd
-            .envs(config.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn pilot-discovery");
-        let mut istiod = Istiod {
-            child,
+        let istiod = Istiod {
+            process: Process::new("istiod", dir.path(), Duration::from_millis(200)),
             http,
             grpc,
-            dir,
+            _dir: dir,
         };
-        istiod.wait_ready(Duration::from_secs(120));
         istiod
-    }
-
-    fn wait_ready(&mut self, timeout: Duration) {
-        let end = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "istiod exited ({status}) before /ready; its log:\n{}",
-                    self.log_tail(60)
-                );
-            }
-            if self.try_get("/ready").is_some_and(|(s, _)| s == 200) {
-                return;
-            }
-            assert!(
-                Instant::now() < end,
-                "istiod not ready after {timeout:?}; its log:\n{}",
-                self.log_tail(60)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            .process
+            .spawn(cmd.envs(config.env.iter().map(|(k, v)| (k, v))));
+        istiod
+            .process
+            .wait_until(Duration::from_secs(120), "/ready 200", || {
+                istiod.try_get("/ready").is_some_and(|(s, _)| s == 200)
+            });
+        istiod
     }
 
     /// GET on the HTTP port; `None` when it cannot be reached.
@@ -195,19 +164,12 @@ impl Istiod {
 
     /// What istiod logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("istiod.log")).unwrap_or_default()
+        self.process.log()
     }
 
     /// The last `lines` lines of the log.
     pub fn log_tail(&self, lines: usize) -> String {
-        tail(&self.log(), lines)
-    }
-}
-
-impl Drop for Istiod {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.log_tail(lines)
     }
 }
 

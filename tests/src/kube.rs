@@ -11,12 +11,12 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::{free_addr, peer_binary, tail};
+use crate::{free_addr, peer_binary, Process};
 
 /// Token of `admin` (group `system:masters`: everything allowed).
 pub const ADMIN_TOKEN: &str = "test-token";
@@ -57,7 +57,7 @@ impl TokenUser {
 
 /// A running API server, killed on drop (its data goes with the temporary directory).
 pub struct KubeApiServer {
-    child: Option<Child>,
+    process: Process,
     /// HTTPS address.
     pub addr: SocketAddr,
     dir: tempfile::TempDir,
@@ -95,8 +95,12 @@ impl KubeApiServer {
             ));
         }
         std::fs::write(dir.path().join("tokens.csv"), tokens).expect("write tokens.csv");
-        let mut k = KubeApiServer {
-            child: None,
+        let k = KubeApiServer {
+            process: Process::new(
+                "kube-apiserver-test",
+                dir.path(),
+                Duration::from_millis(200),
+            ),
             addr: free_addr(),
             dir,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
@@ -106,57 +110,27 @@ impl KubeApiServer {
         k
     }
 
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("log file");
-        let child = Command::new(kube_bin())
-            .arg("-port")
-            .arg(self.addr.port().to_string())
-            .arg("-data-dir")
-            .arg(self.dir.path().join("data"))
-            .arg("-token-file")
-            .arg(self.dir.path().join("tokens.csv"))
-            .arg("--")
-            .args(&self.extra_args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn kube-apiserver-test");
-        self.child = Some(child);
-        self.wait_ready(Duration::from_secs(120));
-    }
-
-    fn wait_ready(&mut self, timeout: Duration) {
-        let end = Instant::now() + timeout;
-        loop {
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
-                    panic!(
-                        "kube-apiserver-test exited ({status}) before /readyz; its log:\n{}",
-                        tail(&self.log(), 60)
-                    );
-                }
-            }
-            // The serving certificate is written before the port opens; until then curl
-            // cannot even load the CA file.
-            if self.ca().exists() {
-                if let Ok(r) = self.try_request(ADMIN_TOKEN, "GET", "/readyz", None) {
-                    if r.status == 200 {
-                        return;
-                    }
-                }
-            }
-            assert!(
-                Instant::now() < end,
-                "kube-apiserver-test not ready after {timeout:?}; its log:\n{}",
-                tail(&self.log(), 60)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+    fn spawn(&self) {
+        self.process.spawn(
+            Command::new(kube_bin())
+                .arg("-port")
+                .arg(self.addr.port().to_string())
+                .arg("-data-dir")
+                .arg(self.dir.path().join("data"))
+                .arg("-token-file")
+                .arg(self.dir.path().join("tokens.csv"))
+                .arg("--")
+                .args(&self.extra_args),
+        );
+        // The serving certificate is written before the port opens; until then curl cannot even
+        // load the CA file.
+        self.process
+            .wait_until(Duration::from_secs(120), "/readyz 200", || {
+                self.ca().exists()
+                    && self
+                        .try_request(ADMIN_TOKEN, "GET", "/readyz", None)
+                        .is_ok_and(|r| r.status == 200)
+            });
     }
 
     /// `https://127.0.0.1:PORT`.
@@ -264,7 +238,7 @@ impl KubeApiServer {
     /// One request; panics when the server cannot be reached.
     pub fn request(&self, token: &str, method: &str, path: &str, body: Option<&Value>) -> Response {
         self.try_request(token, method, path, body)
-            .unwrap_or_else(|e| panic!("{e}; server log:\n{}", tail(&self.log(), 30)))
+            .unwrap_or_else(|e| panic!("{e}; server log:\n{}", self.process.log_tail(30)))
     }
 
     /// GET as admin: the object, or `None` on 404.
@@ -406,7 +380,7 @@ impl KubeApiServer {
 
     /// Kills the server (data kept: a [`KubeApiServer::restart`] comes back with it).
     pub fn kill(&mut self) {
-        crate::kill_child(&mut self.child);
+        self.process.kill();
     }
 
     /// Starts it again on the same port and data, waiting for `/readyz`.
@@ -415,19 +389,9 @@ impl KubeApiServer {
         self.spawn();
     }
 
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("kube-apiserver.log")
-    }
-
     /// What the server logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
-    }
-}
-
-impl Drop for KubeApiServer {
-    fn drop(&mut self) {
-        self.kill();
+        self.process.log()
     }
 }
 

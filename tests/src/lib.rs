@@ -15,6 +15,7 @@ pub mod load;
 pub mod mesh;
 pub mod netns;
 pub mod pki;
+pub mod process;
 pub mod registries;
 pub mod zookeeper;
 
@@ -24,6 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+pub use process::Process;
 
 /// `target/<profile>` of this build.
 pub fn target_dir() -> PathBuf {
@@ -189,14 +192,6 @@ pub fn metric_sum(exposition: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// Kills a peer's process (SIGKILL) if it runs, and reaps it.
-pub fn kill_child(child: &mut Option<Child>) {
-    if let Some(mut c) = child.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-}
-
 /// Polls `f` every 50 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let end = Instant::now() + timeout;
@@ -214,7 +209,7 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
 
 /// A running adapter process, killed on drop.
 pub struct Adapter {
-    child: Option<Child>,
+    process: Process,
     /// gRPC address.
     pub grpc: SocketAddr,
     /// Admin address.
@@ -222,7 +217,6 @@ pub struct Adapter {
     binary: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
-    log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -236,8 +230,8 @@ impl Adapter {
     /// [`Adapter::start`] with extra environment variables.
     pub fn start_with_env(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Adapter {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut a = Adapter {
-            child: None,
+        let a = Adapter {
+            process: Process::new(binary, dir.path(), Duration::from_millis(50)),
             grpc: free_addr(),
             admin: free_addr(),
             binary: binary.to_string(),
@@ -246,52 +240,32 @@ impl Adapter {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            log: dir.path().join("adapter.log"),
             _dir: dir,
         };
         a.spawn();
         a
     }
 
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("log file");
-        let child = Command::new(workspace_bin(&self.binary))
-            .args(&self.args)
+    fn spawn(&self) {
+        let mut cmd = Command::new(workspace_bin(&self.binary));
+        cmd.args(&self.args)
             .arg("--listen")
             .arg(self.grpc.to_string())
             .arg("--admin-listen")
             .arg(self.admin.to_string())
             .env("RUST_LOG", "info")
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn adapter");
-        self.child = Some(child);
-        let end = Instant::now() + Duration::from_secs(20);
-        while http_get(self.admin, "/healthz")
-            .ok()
-            .filter(|(s, _)| *s == 200)
-            .is_none()
-        {
-            assert!(
-                Instant::now() < end,
-                "{} did not open its admin port within 20s; its log:\n{}",
-                self.binary,
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        self.process.spawn_with_stdout(&mut cmd, Stdio::null());
+        self.process.wait_until(
+            Duration::from_secs(20),
+            "its admin port open (/healthz 200)",
+            || self.admin_status("/healthz") == Some(200),
+        );
     }
 
     /// Kills the process (SIGKILL: no goodbye to its sinks, as when a node dies).
     pub fn kill(&mut self) {
-        kill_child(&mut self.child);
+        self.process.kill();
     }
 
     /// Starts it again with the same arguments and ports (killing it first if it runs), and
@@ -303,16 +277,63 @@ impl Adapter {
 
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.pid()
+    }
+
+    /// `xds://` and the gRPC address: what sinks (mcpctl, istiod) connect to.
+    pub fn xds_url(&self) -> String {
+        format!("xds://{}", self.grpc)
     }
 
     /// Waits until /readyz is 200.
     pub fn wait_ready(&self) {
-        wait_for(Duration::from_secs(20), "adapter /readyz", || {
-            http_get(self.admin, "/readyz")
+        self.wait_admin(
+            Duration::from_secs(20),
+            "adapter /readyz",
+            "/readyz",
+            |s, _| s == 200,
+        );
+    }
+
+    /// The status of a GET on the admin port, `None` when it cannot be reached.
+    fn admin_status(&self, path: &str) -> Option<u16> {
+        http_get(self.admin, path).ok().map(|(s, _)| s)
+    }
+
+    /// Polls `path` on the admin port until `pred(status, body)` holds, within `timeout`; the
+    /// body.
+    pub fn wait_admin(
+        &self,
+        timeout: Duration,
+        what: &str,
+        path: &str,
+        pred: impl Fn(u16, &str) -> bool,
+    ) -> String {
+        wait_for(timeout, what, || {
+            http_get(self.admin, path)
                 .ok()
-                .filter(|(s, _)| *s == 200)
-        });
+                .filter(|(s, b)| pred(*s, b))
+                .map(|(_, b)| b)
+        })
+    }
+
+    /// Polls /registryz until it answers `status`, within `timeout`; the body.
+    pub fn wait_registryz(&self, timeout: Duration, what: &str, status: u16) -> String {
+        self.wait_admin(timeout, what, "/registryz", |s, _| s == status)
+    }
+
+    /// Polls /debug/resources until its `problems` (as JSON text) satisfy `pred`, within
+    /// `timeout`; that text.
+    pub fn wait_problems(
+        &self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        wait_for(timeout, what, || {
+            let problems = self.debug()["problems"].to_string();
+            pred(&problems).then_some(problems)
+        })
     }
 
     /// GET on the admin port.
@@ -327,29 +348,17 @@ impl Adapter {
 
     /// Sends SIGTERM and waits up to `timeout` for the process to exit; its exit status.
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let child = self.child.as_mut()?;
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let end = Instant::now() + timeout;
-        while Instant::now() < end {
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        self.process.terminate(timeout)
     }
 
     /// What the adapter logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log()
     }
 
     /// The last 30 lines of the log, for assertion messages.
     pub fn log_tail(&self) -> String {
-        tail(&self.log(), 30)
+        self.process.log_tail(30)
     }
 
     /// Sum of a metric's samples on /metrics (0 when absent).
@@ -357,35 +366,47 @@ impl Adapter {
         metric_sum(&self.get("/metrics").1, name)
     }
 
+    /// Asserts that the adapter counted no registry error; `context` says when.
+    pub fn assert_no_registry_errors(&self, context: &str) {
+        assert_eq!(
+            self.metric("mcp_adapter_registry_errors_total"),
+            0.0,
+            "registry errors {context}; log:\n{}",
+            self.log_tail()
+        );
+    }
+
     /// Steady state with nothing changing in the registry, observed for `window`: no registry
     /// errors, ready, and not one new snapshot (nothing is re-listed or re-pushed).
     pub fn assert_steady(&self, window: Duration) {
+        self.assert_steady_polling(window, Duration::from_millis(250), &[]);
+    }
+
+    /// [`Adapter::assert_steady`], looking every `every`, with `also` (admin paths) answering
+    /// 200 too.
+    pub fn assert_steady_polling(&self, window: Duration, every: Duration, also: &[&str]) {
         let snapshots = self.metric("mcp_adapter_snapshots_total");
         assert!(snapshots > 0.0, "no snapshot yet");
         let end = Instant::now() + window;
         while Instant::now() < end {
-            assert_eq!(
-                self.metric("mcp_adapter_registry_errors_total"),
-                0.0,
-                "registry errors in steady state; log:\n{}",
-                self.log_tail()
-            );
-            let (status, body) = self.get("/readyz");
-            assert_eq!(status, 200, "/readyz in steady state: {body}");
+            self.assert_no_registry_errors("in steady state");
+            for path in ["/readyz"].iter().chain(also) {
+                let (status, body) = self.get(path);
+                assert_eq!(
+                    status,
+                    200,
+                    "{path} in steady state: {body}; log:\n{}",
+                    self.log_tail()
+                );
+            }
             assert_eq!(
                 self.metric("mcp_adapter_snapshots_total"),
                 snapshots,
                 "a snapshot was built while nothing changed; log:\n{}",
                 self.log_tail()
             );
-            std::thread::sleep(Duration::from_millis(250));
+            std::thread::sleep(every);
         }
-    }
-}
-
-impl Drop for Adapter {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -410,30 +431,36 @@ pub struct Adsc {
 /// A test peer's binary `name` in the directory `$env` names (default `target/<default_dir>`),
 /// which the command `build` makes; panics with that hint when it is missing.
 pub fn peer_binary(env: &str, default_dir: &str, name: &str, build: &str) -> PathBuf {
-    let dir = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
-        target_dir()
-            .parent()
-            .map(|t| t.join(default_dir))
-            .unwrap_or_default()
-    });
-    let bin = dir.join(name);
-    assert!(
-        bin.exists(),
-        "{} missing: build it with {build} (the README's test command does)",
-        bin.display()
-    );
-    bin
-}
-/// Directory of the adsc-watch binaries.
-pub fn adsc_dir() -> PathBuf {
-    std::env::var_os("ADSC_WATCH_DIR")
+    let dir = std::env::var_os(env)
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            target_dir()
-                .parent()
-                .map(|t| t.join("adsc"))
-                .unwrap_or_default()
-        })
+        .unwrap_or_else(|| beside_target_dir(default_dir));
+    require_peer(dir.join(name), build)
+}
+
+/// A test peer's file: the path `$env` names, else `target/<default_path>`, which the command
+/// `build` makes; panics with that hint when it is missing.
+pub fn peer_file(env: &str, default_path: &str, build: &str) -> PathBuf {
+    let path = std::env::var_os(env)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| beside_target_dir(default_path));
+    require_peer(path, build)
+}
+
+/// `target/<path>` (beside `target/<profile>`).
+fn beside_target_dir(path: &str) -> PathBuf {
+    target_dir()
+        .parent()
+        .map(|t| t.join(path))
+        .unwrap_or_default()
+}
+
+fn require_peer(path: PathBuf, build: &str) -> PathBuf {
+    assert!(
+        path.exists(),
+        "{} missing: build it with {build} (the README's test command does)",
+        path.display()
+    );
+    path
 }
 
 impl Adsc {
@@ -443,20 +470,16 @@ impl Adsc {
             IstioVersion::Current => "adsc-watch-current",
             IstioVersion::V1_22 => "adsc-watch-1.22",
         };
-        let bin = adsc_dir().join(name);
-        assert!(
-            bin.exists(),
-            "{} missing: build it with tests/istio-adsc/build.sh {} (the README's test command does)",
-            bin.display(),
-            adsc_dir().display()
+        let bin = peer_binary(
+            "ADSC_WATCH_DIR",
+            "adsc",
+            name,
+            "tests/istio-adsc/build.sh target/adsc",
         );
-        let mut child = Command::new(bin)
-            .args(["--addr", &addr.to_string(), "--timeout", "300s"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn adsc-watch");
+        let mut child = process::spawn_piped(
+            Command::new(bin).args(["--addr", &addr.to_string(), "--timeout", "300s"]),
+            Stdio::null(),
+        );
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -473,6 +496,17 @@ impl Adsc {
             events: rx,
             seen: Vec::new(),
         }
+    }
+
+    /// Waits until `adapter` is ready, starts `adsc-watch` against it and waits until it has
+    /// synced (the `synced` event is the last of [`Adsc::seen`]).
+    pub fn start_synced(version: IstioVersion, adapter: &Adapter) -> Adsc {
+        adapter.wait_ready();
+        let mut adsc = Adsc::start(version, adapter.grpc);
+        adsc.wait(Duration::from_secs(60), "adsc synced", |e| {
+            e["event"] == "synced"
+        });
+        adsc
     }
 
     /// Waits for an event satisfying `pred`; panics with everything seen on timeout.
@@ -517,9 +551,35 @@ impl Adsc {
         ev["items"].as_array().cloned().unwrap_or_default()
     }
 
+    /// Waits until `main` (`namespace/name`) has `endpoints` endpoints and each of `others` is
+    /// stored too; asserts that nothing else is. The items.
+    pub fn wait_exactly(
+        &mut self,
+        main: &str,
+        endpoints: usize,
+        others: &[&str],
+    ) -> Vec<serde_json::Value> {
+        let what = format!("{main} with {endpoints} endpoints, and {others:?}");
+        let items = self.wait_items(&what, |items| {
+            item(items, main).is_some_and(|m| endpoint_addresses(m).len() == endpoints)
+                && others.iter().all(|o| item(items, o).is_some())
+        });
+        assert_eq!(items.len(), 1 + others.len(), "{items:?}");
+        items
+    }
+
     /// `error` events seen so far.
     pub fn errors(&self) -> Vec<&serde_json::Value> {
         self.seen.iter().filter(|e| e["event"] == "error").collect()
+    }
+
+    /// Asserts that Istio's client reported no error so far.
+    pub fn assert_no_errors(&self) {
+        assert!(
+            self.errors().is_empty(),
+            "adsc reported errors: {:?}",
+            self.errors()
+        );
     }
 }
 
@@ -542,6 +602,13 @@ pub fn item<'a>(items: &'a [serde_json::Value], ns_name: &str) -> Option<&'a ser
     })
 }
 
+/// The resourceVersion of item `ns_name` (as adsc prints it); panics when it is missing.
+pub fn version_of(items: &[serde_json::Value], ns_name: &str) -> serde_json::Value {
+    item(items, ns_name).unwrap_or_else(|| panic!("{ns_name} missing: {items:?}"))
+        ["resourceVersion"]
+        .clone()
+}
+
 /// The endpoint addresses of a ServiceEntry item (as adsc or mcpctl print it), sorted.
 pub fn endpoint_addresses(item: &serde_json::Value) -> Vec<String> {
     let mut v: Vec<String> = item["spec"]["endpoints"]
@@ -556,10 +623,21 @@ pub fn endpoint_addresses(item: &serde_json::Value) -> Vec<String> {
     v
 }
 
+/// Runs `cmd` to its end; panics, with `what` and its stderr, unless it succeeds. Its output.
+pub fn run_ok(cmd: &mut Command, what: &str) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// `mcpctl get serviceentries -o json` against `server` (`xds://...`): the items.
 pub fn mcpctl_get(server: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(workspace_bin("mcpctl"))
-        .args([
+    let out = run_ok(
+        Command::new(workspace_bin("mcpctl")).args([
             "get",
             "serviceentries",
             "--server",
@@ -568,13 +646,8 @@ pub fn mcpctl_get(server: &str) -> Vec<serde_json::Value> {
             "json",
             "--timeout",
             "5s",
-        ])
-        .output()
-        .expect("run mcpctl");
-    assert!(
-        out.status.success(),
-        "mcpctl failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+        ]),
+        "mcpctl",
     );
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("mcpctl JSON");
     list["items"].as_array().cloned().unwrap_or_default()
@@ -598,18 +671,18 @@ pub fn addresses_of(items: &[serde_json::Value], name: &str) -> Option<Vec<Strin
     find(items, name).map(endpoint_addresses)
 }
 
+/// `namespace/name` of an object with Kubernetes metadata (an mcpctl item, an istiod config).
+pub fn ns_name(object: &serde_json::Value) -> String {
+    format!(
+        "{}/{}",
+        object["metadata"]["namespace"].as_str().unwrap_or(""),
+        object["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
 /// `namespace/name` of mcpctl items.
 pub fn item_names(items: &[serde_json::Value]) -> Vec<String> {
-    items
-        .iter()
-        .map(|i| {
-            format!(
-                "{}/{}",
-                i["metadata"]["namespace"].as_str().unwrap_or(""),
-                i["metadata"]["name"].as_str().unwrap_or("")
-            )
-        })
-        .collect()
+    items.iter().map(ns_name).collect()
 }
 
 /// The mcpctl item named `name` (short name).
@@ -621,4 +694,53 @@ pub fn find<'a>(items: &'a [serde_json::Value], name: &str) -> Option<&'a serde_
 pub fn tail(s: &str, lines: usize) -> String {
     let all: Vec<&str> = s.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `(number, name, protocol)` of each port of a ServiceEntry item (as adsc or mcpctl print it).
+pub fn ports(item: &serde_json::Value) -> Vec<(u64, String, String)> {
+    item["spec"]["ports"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    (
+                        p["number"].as_u64().unwrap_or(0),
+                        p["name"].as_str().unwrap_or("").to_string(),
+                        p["protocol"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `(number, protocol)` of each port of a ServiceEntry item.
+pub fn port_protocols(item: &serde_json::Value) -> Vec<(u64, String)> {
+    ports(item).into_iter().map(|(n, _, p)| (n, p)).collect()
+}
+
+/// Two tests, `$current` and `$v1_22`, each running `$scenario` with that build of Istio's
+/// client ([`IstioVersion`]), both ignored for `$why` (the peers they need):
+///
+/// ```text
+/// test_each_istio_version! {
+///     "needs ...",
+///     istio_current_reads_x, istio_1_22_reads_x => scenario
+/// }
+/// ```
+#[macro_export]
+macro_rules! test_each_istio_version {
+    ($why:literal, $current:ident, $v1_22:ident => $scenario:ident) => {
+        #[test]
+        #[ignore = $why]
+        fn $current() {
+            $scenario($crate::IstioVersion::Current);
+        }
+
+        #[test]
+        #[ignore = $why]
+        fn $v1_22() {
+            $scenario($crate::IstioVersion::V1_22);
+        }
+    };
 }

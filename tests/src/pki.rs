@@ -4,17 +4,13 @@
 use std::path::Path;
 use std::process::Command;
 
+use crate::run_ok;
+
 /// Runs the openssl CLI in `dir`; panics with its stderr on failure.
 pub fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl is needed for the TLS tests");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new("openssl").current_dir(dir).args(args),
+        &format!("openssl {args:?} (needed for the TLS tests)"),
     );
 }
 

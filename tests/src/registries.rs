@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 
 use serde_json::{json, Value};
 
-use crate::consul::Consul;
+use crate::consul::{Consul, Registration};
 use crate::eureka::{Eureka, Instance as EurekaInstance};
 use crate::kube::{not_ready, ready, service as kube_service, slice, KubeApiServer};
 use crate::zookeeper::{provider_path, Writer, ZooKeeper};
@@ -55,20 +55,81 @@ impl Instance {
     }
 }
 
+/// The adapter serving a registry, and what it calls what it serves.
+pub struct Served {
+    adapter: Adapter,
+    /// `file`, `consul`, `zookeeper`, `eureka`, `kubernetes`.
+    kind: &'static str,
+    /// The namespace of the ServiceEntries.
+    namespace: &'static str,
+    /// What follows `<service>.` in their hosts.
+    host_suffix: &'static str,
+}
+
+impl Served {
+    /// `adapter` serving `kind`'s ServiceEntries in `namespace`, with hosts
+    /// `<service>.<host_suffix>`.
+    pub fn new(
+        adapter: Adapter,
+        kind: &'static str,
+        namespace: &'static str,
+        host_suffix: &'static str,
+    ) -> Served {
+        Served {
+            adapter,
+            kind,
+            namespace,
+            host_suffix,
+        }
+    }
+}
+
 /// A registry and the adapter that serves it.
 pub trait Registry: Send {
-    /// `file`, `consul`, `zookeeper`, `eureka`, `kubernetes`.
-    fn kind(&self) -> &'static str;
-    /// The adapter reading it.
-    fn adapter(&self) -> &Adapter;
-    /// The namespace of the ServiceEntries the adapter makes of it.
-    fn namespace(&self) -> String;
-    /// The host that the ServiceEntry of `service` has (what clients put in `Host:`).
-    fn host(&self, service: &str) -> String;
+    /// The adapter, and what it calls what it serves.
+    fn served(&self) -> &Served;
     /// Registers `inst` under `service` (or changes it: its health, its version).
     fn register(&mut self, service: &str, inst: &Instance);
     /// Removes instance `id` of `service` from the registry.
     fn deregister(&mut self, service: &str, id: &str);
+
+    /// `file`, `consul`, `zookeeper`, `eureka`, `kubernetes`.
+    fn kind(&self) -> &'static str {
+        self.served().kind
+    }
+    /// The adapter reading it.
+    fn adapter(&self) -> &Adapter {
+        &self.served().adapter
+    }
+    /// The namespace of the ServiceEntries the adapter makes of it.
+    fn namespace(&self) -> String {
+        self.served().namespace.to_string()
+    }
+    /// The host that the ServiceEntry of `service` has (what clients put in `Host:`).
+    fn host(&self, service: &str) -> String {
+        format!("{service}.{}", self.served().host_suffix)
+    }
+}
+
+/// The instances of each service, by id (for registries rewritten whole at every change).
+#[derive(Default)]
+struct Services(BTreeMap<String, BTreeMap<String, Instance>>);
+
+impl Services {
+    /// Adds or replaces `inst` of `service`.
+    fn put(&mut self, service: &str, inst: &Instance) {
+        self.0
+            .entry(service.to_string())
+            .or_default()
+            .insert(inst.id.clone(), inst.clone());
+    }
+
+    /// Removes instance `id` of `service`.
+    fn remove(&mut self, service: &str, id: &str) {
+        if let Some(s) = self.0.get_mut(service) {
+            s.remove(id);
+        }
+    }
 }
 
 /// adapter-file on an inventory file rewritten (atomically) at every change, polled every
@@ -76,8 +137,8 @@ pub trait Registry: Send {
 pub struct FileRegistry {
     dir: tempfile::TempDir,
     port: u16,
-    services: BTreeMap<String, BTreeMap<String, Instance>>,
-    adapter: Adapter,
+    services: Services,
+    served: Served,
 }
 
 impl FileRegistry {
@@ -92,8 +153,8 @@ impl FileRegistry {
         let r = FileRegistry {
             dir,
             port,
-            services: BTreeMap::new(),
-            adapter,
+            services: Services::default(),
+            served: Served::new(adapter, "file", "inventory", "inventory.internal"),
         };
         r.write();
         r
@@ -109,6 +170,7 @@ impl FileRegistry {
     fn write(&self) {
         let services: Vec<Value> = self
             .services
+            .0
             .iter()
             .map(|(name, insts)| {
                 json!({
@@ -135,29 +197,15 @@ impl FileRegistry {
 }
 
 impl Registry for FileRegistry {
-    fn kind(&self) -> &'static str {
-        "file"
-    }
-    fn adapter(&self) -> &Adapter {
-        &self.adapter
-    }
-    fn namespace(&self) -> String {
-        "inventory".into()
-    }
-    fn host(&self, service: &str) -> String {
-        format!("{service}.inventory.internal")
+    fn served(&self) -> &Served {
+        &self.served
     }
     fn register(&mut self, service: &str, inst: &Instance) {
-        self.services
-            .entry(service.to_string())
-            .or_default()
-            .insert(inst.id.clone(), inst.clone());
+        self.services.put(service, inst);
         self.write();
     }
     fn deregister(&mut self, service: &str, id: &str) {
-        if let Some(s) = self.services.get_mut(service) {
-            s.remove(id);
-        }
+        self.services.remove(service, id);
         self.write();
     }
 }
@@ -167,7 +215,7 @@ impl Registry for FileRegistry {
 pub struct ConsulRegistry {
     /// The agent.
     pub consul: Consul,
-    adapter: Adapter,
+    served: Served,
 }
 
 impl ConsulRegistry {
@@ -186,38 +234,23 @@ impl ConsulRegistry {
                 "consul",
             ],
         );
-        ConsulRegistry { consul, adapter }
+        let served = Served::new(adapter, "consul", "consul", "service.consul");
+        ConsulRegistry { consul, served }
     }
 }
 
 impl Registry for ConsulRegistry {
-    fn kind(&self) -> &'static str {
-        "consul"
-    }
-    fn adapter(&self) -> &Adapter {
-        &self.adapter
-    }
-    fn namespace(&self) -> String {
-        "consul".into()
-    }
-    fn host(&self, service: &str) -> String {
-        format!("{service}.service.consul")
+    fn served(&self) -> &Served {
+        &self.served
     }
     fn register(&mut self, service: &str, inst: &Instance) {
-        let mut meta = vec![("protocol", "http")];
+        let mut r = Registration::new("n1", service, &inst.id, &inst.ip(), inst.addr.port())
+            .protocol("http")
+            .status(if inst.healthy { "passing" } else { "critical" });
         if let Some(v) = &inst.version {
-            meta.push(("version", v));
+            r = r.meta("version", v);
         }
-        self.consul.register(
-            "n1",
-            service,
-            &inst.id,
-            &inst.ip(),
-            inst.addr.port(),
-            &[],
-            &meta,
-            if inst.healthy { "passing" } else { "critical" },
-        );
+        self.consul.register(&r);
     }
     fn deregister(&mut self, _service: &str, id: &str) {
         self.consul.deregister("n1", id);
@@ -231,7 +264,7 @@ pub struct ZkRegistry {
     pub zk: ZooKeeper,
     /// The session that owns the instances.
     pub writer: Writer,
-    adapter: Adapter,
+    served: Served,
 }
 
 impl ZkRegistry {
@@ -244,7 +277,7 @@ impl ZkRegistry {
         ZkRegistry {
             zk,
             writer,
-            adapter,
+            served: Served::new(adapter, "zookeeper", "zookeeper", "zookeeper"),
         }
     }
 
@@ -289,17 +322,8 @@ pub fn curator_instance(service: &str, inst: &Instance) -> String {
 }
 
 impl Registry for ZkRegistry {
-    fn kind(&self) -> &'static str {
-        "zookeeper"
-    }
-    fn adapter(&self) -> &Adapter {
-        &self.adapter
-    }
-    fn namespace(&self) -> String {
-        "zookeeper".into()
-    }
-    fn host(&self, service: &str) -> String {
-        format!("{service}.zookeeper")
+    fn served(&self) -> &Served {
+        &self.served
     }
     fn register(&mut self, service: &str, inst: &Instance) {
         self.writer.create_e(
@@ -318,7 +342,7 @@ impl Registry for ZkRegistry {
 pub struct EurekaRegistry {
     /// The server.
     pub eureka: Eureka,
-    adapter: Adapter,
+    served: Served,
 }
 
 impl EurekaRegistry {
@@ -330,27 +354,19 @@ impl EurekaRegistry {
             "adapter-eureka",
             &["--eureka-url", url.as_str(), "--refresh-interval", "1s"],
         );
-        EurekaRegistry { eureka, adapter }
+        let served = Served::new(adapter, "eureka", "eureka", "eureka");
+        EurekaRegistry { eureka, served }
     }
 }
 
 impl Registry for EurekaRegistry {
-    fn kind(&self) -> &'static str {
-        "eureka"
-    }
-    fn adapter(&self) -> &Adapter {
-        &self.adapter
-    }
-    fn namespace(&self) -> String {
-        "eureka".into()
-    }
-    fn host(&self, service: &str) -> String {
-        format!("{service}.eureka")
+    fn served(&self) -> &Served {
+        &self.served
     }
     fn register(&mut self, service: &str, inst: &Instance) {
         let mut i = EurekaInstance::new(service, &inst.id, &inst.ip(), inst.addr.port());
         if let Some(v) = &inst.version {
-            i.metadata.push(("version".into(), v.clone()));
+            i = i.with_metadata("version", v);
         }
         if !inst.healthy {
             i.status = "DOWN".into();
@@ -370,8 +386,8 @@ pub struct KubeRegistry {
     /// The watched cluster's API server.
     pub kube: KubeApiServer,
     port: u16,
-    services: BTreeMap<String, BTreeMap<String, Instance>>,
-    adapter: Adapter,
+    services: Services,
+    served: Served,
 }
 
 impl KubeRegistry {
@@ -387,13 +403,13 @@ impl KubeRegistry {
         KubeRegistry {
             kube,
             port,
-            services: BTreeMap::new(),
-            adapter,
+            services: Services::default(),
+            served: Served::new(adapter, "kubernetes", "store", "store.svc.cluster.local"),
         }
     }
 
     fn write_slice(&self, service: &str) {
-        let insts = self.services.get(service).cloned().unwrap_or_default();
+        let insts = self.services.0.get(service).cloned().unwrap_or_default();
         let endpoints = insts
             .values()
             .map(|i| {
@@ -418,20 +434,11 @@ impl KubeRegistry {
 }
 
 impl Registry for KubeRegistry {
-    fn kind(&self) -> &'static str {
-        "kubernetes"
-    }
-    fn adapter(&self) -> &Adapter {
-        &self.adapter
-    }
-    fn namespace(&self) -> String {
-        "store".into()
-    }
-    fn host(&self, service: &str) -> String {
-        format!("{service}.store.svc.cluster.local")
+    fn served(&self) -> &Served {
+        &self.served
     }
     fn register(&mut self, service: &str, inst: &Instance) {
-        if !self.services.contains_key(service) {
+        if !self.services.0.contains_key(service) {
             self.kube.apply_service(&kube_service(
                 "store",
                 service,
@@ -450,16 +457,11 @@ impl Registry for KubeRegistry {
                     "spec": {"automountServiceAccountToken": false,
                              "containers": [{"name": "app", "image": "example.invalid/app:1"}]}}),
         );
-        self.services
-            .entry(service.to_string())
-            .or_default()
-            .insert(inst.id.clone(), inst.clone());
+        self.services.put(service, inst);
         self.write_slice(service);
     }
     fn deregister(&mut self, service: &str, id: &str) {
-        if let Some(s) = self.services.get_mut(service) {
-            s.remove(id);
-        }
+        self.services.remove(service, id);
         self.write_slice(service);
         self.kube
             .delete(&format!("/api/v1/namespaces/store/pods/{service}-{id}"));

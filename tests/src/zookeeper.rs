@@ -9,7 +9,8 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use crate::{free_addr, target_dir, wait_for, Adapter};
+use crate::process::spawn_piped;
+use crate::{free_addr, target_dir, wait_for, Adapter, Process};
 
 const JARS: [&str; 3] = [
     "/usr/share/java/zookeeper.jar",
@@ -19,7 +20,7 @@ const JARS: [&str; 3] = [
 
 /// A running standalone ZooKeeper server, killed on drop.
 pub struct ZooKeeper {
-    child: Option<Child>,
+    process: Process,
     /// Client address.
     pub addr: SocketAddr,
     dir: tempfile::TempDir,
@@ -59,8 +60,8 @@ impl ZooKeeper {
              log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p %c{1} - %m%n\n",
         )
         .expect("log4j.properties");
-        let mut zk = ZooKeeper {
-            child: None,
+        let zk = ZooKeeper {
+            process: Process::new("zookeeper", dir.path(), Duration::from_millis(50)),
             addr,
             dir,
         };
@@ -68,30 +69,28 @@ impl ZooKeeper {
         zk
     }
 
-    fn spawn(&mut self) {
+    /// [`ZooKeeper::start`], and a [`Writer`] session on it.
+    pub fn start_with_writer() -> (ZooKeeper, Writer) {
+        let zk = ZooKeeper::start();
+        let w = Writer::start(&zk);
+        (zk, w)
+    }
+
+    fn spawn(&self) {
         let conf = self.dir.path().join("conf");
         let cp = format!("{}:{}", conf.display(), JARS.join(":"));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("zookeeper.log"))
-            .expect("log");
-        let child = Command::new("java")
-            .arg("-cp")
-            .arg(cp)
-            .arg("-Xmx256m")
-            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
-            .arg(conf.join("zoo.cfg"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn java (ZooKeeperServerMain)");
-        self.child = Some(child);
-        let addr = self.addr;
-        wait_for(Duration::from_secs(60), "zookeeper ruok -> imok", || {
-            (four_letter(addr, "ruok").ok()? == "imok").then_some(())
-        });
+        self.process.spawn(
+            Command::new("java")
+                .arg("-cp")
+                .arg(cp)
+                .arg("-Xmx256m")
+                .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+                .arg(conf.join("zoo.cfg")),
+        );
+        self.process
+            .wait_until(Duration::from_secs(60), "ruok -> imok", || {
+                four_letter(self.addr, "ruok").is_ok_and(|answer| answer == "imok")
+            });
     }
 
     /// `host:port` for `--zk-servers`.
@@ -101,7 +100,7 @@ impl ZooKeeper {
 
     /// Kills the server (SIGKILL); data and sessions stay in the data directory.
     pub fn kill(&mut self) {
-        crate::kill_child(&mut self.child);
+        self.process.kill();
         wait_for(Duration::from_secs(10), "zookeeper port closed", || {
             TcpStream::connect_timeout(&self.addr, Duration::from_millis(200))
                 .is_err()
@@ -117,13 +116,7 @@ impl ZooKeeper {
 
     /// The server's log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("zookeeper.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for ZooKeeper {
-    fn drop(&mut self) {
-        crate::kill_child(&mut self.child);
+        self.process.log()
     }
 }
 
@@ -160,15 +153,13 @@ pub struct Writer {
 impl Writer {
     /// Starts a writer connected to `zk`.
     pub fn start(zk: &ZooKeeper) -> Writer {
-        let mut child = Command::new(writer_bin())
-            .arg(zk.servers())
-            .env("RUST_LOG", "off")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            // It installs no log subscriber: stderr only ever holds why it exited.
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn zk-writer");
+        // It installs no log subscriber: stderr only ever holds why it exited.
+        let mut child = spawn_piped(
+            Command::new(writer_bin())
+                .arg(zk.servers())
+                .env("RUST_LOG", "off"),
+            Stdio::piped(),
+        );
         let stdin = child.stdin.take().expect("stdin");
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();

@@ -1,5 +1,6 @@
 //! adapter-file as a user runs it: the real binary, watched with the real `mcpctl`.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -11,7 +12,13 @@ fn se(name: &str, ip: &str) -> String {
     )
 }
 
-fn start(dir: &std::path::Path) -> Adapter {
+/// Writes `docs` as one multi-document YAML file.
+fn write_docs(path: &Path, docs: &[String]) {
+    std::fs::write(path, docs.join("---\n"))
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+fn start(dir: &Path) -> Adapter {
     let path = dir.to_string_lossy().to_string();
     let a = Adapter::start(
         "adapter-file",
@@ -26,7 +33,7 @@ fn reloads_edits_new_files_and_deletions_without_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("a.yaml"), se("a", "10.0.0.1")).expect("write");
     let adapter = start(dir.path());
-    let xds = format!("xds://{}", adapter.grpc);
+    let xds = adapter.xds_url();
     assert_eq!(names(&get(&xds)), vec!["ns/a"]);
 
     std::fs::write(dir.path().join("a.yaml"), se("a", "10.0.0.2")).expect("edit");
@@ -59,33 +66,25 @@ fn reloads_edits_new_files_and_deletions_without_restart() {
 fn bad_input_is_named_and_nothing_else_is_lost() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("good.yaml"), se("good", "10.0.0.1")).expect("write");
-    std::fs::write(
-        dir.path().join("two.yaml"),
-        format!(
-            "{}---\n{}",
-            se("first", "10.0.0.2"),
-            se("second", "10.0.0.3")
-        ),
-    )
-    .expect("write");
+    write_docs(
+        &dir.path().join("two.yaml"),
+        &[se("first", "10.0.0.2"), se("second", "10.0.0.3")],
+    );
     let adapter = start(dir.path());
-    let xds = format!("xds://{}", adapter.grpc);
+    let xds = adapter.xds_url();
     assert_eq!(names(&get(&xds)), vec!["ns/first", "ns/good", "ns/second"]);
 
     // A shape error in document 2: the file keeps its last good content, the error names file,
     // document and field.
-    std::fs::write(
-        dir.path().join("two.yaml"),
-        format!(
-            "{}---\n{}",
+    write_docs(
+        &dir.path().join("two.yaml"),
+        &[
             se("first", "10.0.0.2"),
-            se("second", "10.0.0.3").replace("number: 80", "number: eighty")
-        ),
-    )
-    .expect("break");
-    let problems = wait_for(Duration::from_secs(10), "problem reported", || {
-        let p = adapter.debug()["problems"].to_string();
-        p.contains("two.yaml").then_some(p)
+            se("second", "10.0.0.3").replace("number: 80", "number: eighty"),
+        ],
+    );
+    let problems = adapter.wait_problems(Duration::from_secs(10), "problem reported", |p| {
+        p.contains("two.yaml")
     });
     assert!(problems.contains("document 2"), "{problems}");
     assert!(problems.contains("spec.ports[0].number"), "{problems}");
@@ -95,9 +94,8 @@ fn bad_input_is_named_and_nothing_else_is_lost() {
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
     )
     .expect("write");
-    let problems = wait_for(Duration::from_secs(10), "unknown kind reported", || {
-        let p = adapter.debug()["problems"].to_string();
-        p.contains("odd.yaml").then_some(p)
+    let problems = adapter.wait_problems(Duration::from_secs(10), "unknown kind reported", |p| {
+        p.contains("odd.yaml")
     });
     assert!(problems.contains("ConfigMap"), "{problems}");
     assert_eq!(names(&get(&xds)), vec!["ns/first", "ns/good", "ns/second"]);
@@ -107,15 +105,13 @@ fn bad_input_is_named_and_nothing_else_is_lost() {
         .contains("mcp_adapter_registry_problems{registry=\"file\"} 2"));
 
     // A ServiceEntry Istio would reject: quarantined on its own, named by file, document, field.
-    std::fs::write(
-        dir.path().join("good.yaml"),
-        format!(
-            "{}---\n{}",
+    write_docs(
+        &dir.path().join("good.yaml"),
+        &[
             se("good", "10.0.0.1"),
-            se("invalid", "10.0.0.4").replace("name: http", "name: HTTP_1")
-        ),
-    )
-    .expect("write");
+            se("invalid", "10.0.0.4").replace("name: http", "name: HTTP_1"),
+        ],
+    );
     let quarantined = wait_for(Duration::from_secs(10), "quarantine", || {
         let q = adapter.debug()["quarantined"].clone();
         q.as_array().is_some_and(|a| !a.is_empty()).then_some(q)
@@ -131,15 +127,10 @@ fn bad_input_is_named_and_nothing_else_is_lost() {
     assert!(log.contains("Quarantined an invalid service"), "{log}");
 
     // Fixed files recover.
-    std::fs::write(
-        dir.path().join("two.yaml"),
-        format!(
-            "{}---\n{}",
-            se("first", "10.0.0.2"),
-            se("second", "10.0.0.9")
-        ),
-    )
-    .expect("fix");
+    write_docs(
+        &dir.path().join("two.yaml"),
+        &[se("first", "10.0.0.2"), se("second", "10.0.0.9")],
+    );
     std::fs::remove_file(dir.path().join("odd.yaml")).expect("rm");
     wait_for(Duration::from_secs(10), "problems cleared", || {
         adapter.debug()["problems"]
@@ -172,8 +163,8 @@ fn two_replicas_serve_identical_names_versions_and_create_time() {
     .expect("write");
     let one = start(dir.path());
     let two = start(dir.path());
-    let a = get(&format!("xds://{}", one.grpc));
-    let b = get(&format!("xds://{}", two.grpc));
+    let a = get(&one.xds_url());
+    let b = get(&two.xds_url());
     assert_eq!(a.len(), 2);
     assert_eq!(a, b, "replicas must agree on every byte a sink sees");
     let b_item = a.iter().find(|i| i["metadata"]["name"] == "b").expect("b");
@@ -184,7 +175,7 @@ fn two_replicas_serve_identical_names_versions_and_create_time() {
     // A restart serves the same versions too.
     drop(one);
     let three = start(dir.path());
-    assert_eq!(get(&format!("xds://{}", three.grpc)), b);
+    assert_eq!(get(&three.xds_url()), b);
 }
 
 #[test]
@@ -198,7 +189,7 @@ fn sigterm_shuts_down_gracefully_with_a_sink_connected() {
             "get",
             "se",
             "--server",
-            &format!("xds://{}", adapter.grpc),
+            &adapter.xds_url(),
             "--watch",
             "-o",
             "json",
@@ -228,7 +219,7 @@ fn sigterm_shuts_down_gracefully_with_a_sink_connected() {
 }
 
 /// Starts the adapter on several paths with the same flags as [`start`].
-fn start_paths(paths: &[&std::path::Path]) -> Adapter {
+fn start_paths(paths: &[&Path]) -> Adapter {
     let mut args = Vec::new();
     for p in paths {
         args.push("--path".to_owned());
@@ -253,14 +244,9 @@ fn served(adapter: &Adapter) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The problems /debug/resources reports, as one string to search.
-fn problems(adapter: &Adapter) -> String {
-    adapter.debug()["problems"].to_string()
-}
-
 /// Edits `a.yaml` to a new endpoint and waits (bounded) until a sink sees it.
-fn assert_edit_served(adapter: &Adapter, dir: &std::path::Path, ip: &str) {
-    let xds = format!("xds://{}", adapter.grpc);
+fn assert_edit_served(adapter: &Adapter, dir: &Path, ip: &str) {
+    let xds = adapter.xds_url();
     std::fs::write(dir.join("a.yaml"), se("a", ip)).expect("edit");
     wait_for(Duration::from_secs(10), "edit of a.yaml served", || {
         let items = get(&xds);
@@ -279,9 +265,8 @@ fn a_named_pipe_in_a_watched_directory_does_not_block_reloads() {
     assert!(status.success());
 
     // The pipe is named as a problem and counted; the other file's edits keep being served.
-    let p = wait_for(Duration::from_secs(10), "pipe reported", || {
-        let p = problems(&adapter);
-        p.contains("pipe.yaml").then_some(p)
+    let p = adapter.wait_problems(Duration::from_secs(10), "pipe reported", |p| {
+        p.contains("pipe.yaml")
     });
     assert!(p.contains("not a regular file: named pipe"), "{p}");
     assert!(adapter
@@ -293,8 +278,8 @@ fn a_named_pipe_in_a_watched_directory_does_not_block_reloads() {
 
     // Removing the pipe clears the problem; reloads go on.
     std::fs::remove_file(&pipe).expect("rm pipe");
-    wait_for(Duration::from_secs(10), "pipe problem cleared", || {
-        (!problems(&adapter).contains("pipe.yaml")).then_some(())
+    adapter.wait_problems(Duration::from_secs(10), "pipe problem cleared", |p| {
+        !p.contains("pipe.yaml")
     });
     assert_edit_served(&adapter, dir.path(), "10.0.0.4");
 }
@@ -306,9 +291,8 @@ fn a_symlink_to_a_device_is_refused_and_reloads_go_on() {
     let adapter = start(dir.path());
     std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.yaml")).expect("symlink");
 
-    let p = wait_for(Duration::from_secs(10), "device reported", || {
-        let p = problems(&adapter);
-        p.contains("zero.yaml").then_some(p)
+    let p = adapter.wait_problems(Duration::from_secs(10), "device reported", |p| {
+        p.contains("zero.yaml")
     });
     assert!(p.contains("not a regular file: character device"), "{p}");
     assert_edit_served(&adapter, dir.path(), "10.0.0.2");
@@ -334,7 +318,7 @@ fn paths_that_cannot_be_listed_or_stated_keep_their_last_good_content() {
     let other = dir.path().join("other");
     std::os::unix::fs::symlink(&other_dir, &other).expect("symlink");
     let adapter = start_paths(&[&conf, &other.join("f.yaml")]);
-    let xds = format!("xds://{}", adapter.grpc);
+    let xds = adapter.xds_url();
     assert_eq!(names(&get(&xds)), vec!["ns/a", "ns/f", "ns/s"]);
 
     // A subdirectory replaced by a dangling symlink (a half-done swap), and a configured file
@@ -348,9 +332,8 @@ fn paths_that_cannot_be_listed_or_stated_keep_their_last_good_content() {
     std::os::unix::fs::symlink(&plain, &swap).expect("symlink");
     std::fs::rename(&swap, &other).expect("atomic swap: other now leads to a regular file");
 
-    let p = wait_for(Duration::from_secs(10), "both reported", || {
-        let p = problems(&adapter);
-        (p.contains("conf/sub: cannot stat") && p.contains("f.yaml: cannot stat")).then_some(p)
+    let p = adapter.wait_problems(Duration::from_secs(10), "both reported", |p| {
+        p.contains("conf/sub: cannot stat") && p.contains("f.yaml: cannot stat")
     });
     assert!(p.contains("dangling symlink"), "{p}");
     assert!(p.contains("No such file or directory"), "{p}");
@@ -374,9 +357,7 @@ fn paths_that_cannot_be_listed_or_stated_keep_their_last_good_content() {
             && s["spec"]["endpoints"][0]["address"] == "10.0.0.7")
             .then_some(())
     });
-    wait_for(Duration::from_secs(10), "problems cleared", || {
-        (problems(&adapter) == "{}").then_some(())
-    });
+    adapter.wait_problems(Duration::from_secs(10), "problems cleared", |p| p == "{}");
 }
 
 #[test]
@@ -410,7 +391,7 @@ fn an_emptied_file_is_applied_only_once_it_stays_empty() {
     wait_for(Duration::from_secs(10), "deletion applied", || {
         (served(&adapter) == vec!["ns/c"]).then_some(())
     });
-    let xds = format!("xds://{}", adapter.grpc);
+    let xds = adapter.xds_url();
     assert_eq!(names(&get(&xds)), vec!["ns/c"]);
 }
 
@@ -435,7 +416,7 @@ fn shards_partition_one_registry_over_several_adapters() {
         args.extend_from_slice(flags);
         let a = Adapter::start("adapter-file", &args);
         a.wait_ready();
-        let served = names(&get(&format!("xds://{}", a.grpc)));
+        let served = names(&get(&a.xds_url()));
         (a, served)
     };
     let mut union = Vec::new();
@@ -505,7 +486,7 @@ fn editing_one_file_of_many_changes_only_its_service() {
             .expect("write");
     }
     let adapter = start(dir.path());
-    let xds = format!("xds://{}", adapter.grpc);
+    let xds = adapter.xds_url();
     let before = versions(&get(&xds));
     assert_eq!(before.len(), 100);
     let snapshots = adapter.metric("mcp_adapter_snapshots_total");

@@ -1,11 +1,11 @@
 //! adapter-consul against a real Consul agent (built from the Go module proxy by
 //! tests/consul/build.sh), observed through mcpctl as a sink sees it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use std::time::Instant;
+use serde_json::Value;
 
-use e2e::consul::{BulkInstance, Consul};
+use e2e::consul::{Consul, Registration};
 use e2e::{find, item_names, mcpctl_get, wait_for, Adapter};
 
 const NEEDS: &str =
@@ -32,33 +32,31 @@ fn node_of(s: usize, i: usize) -> String {
 }
 
 /// `services` services of `per` passing instances each, named `svc-<n>`, port 8080, HTTP.
-fn bulk(services: usize, per: usize) -> Vec<BulkInstance> {
+fn bulk(services: usize, per: usize) -> Vec<Registration> {
     let mut out = Vec::with_capacity(services * per);
     for s in 0..services {
         for i in 0..per {
-            out.push(BulkInstance {
-                node: node_of(s, i),
-                service: format!("svc-{s}"),
-                id: format!("svc-{s}-{i}"),
-                address: format!("10.{}.{}.{}", s / 250, s % 250, i + 1),
-                port: 8080,
-                protocol: Some("http"),
-                status: "passing",
-            });
+            let address = format!("10.{}.{}.{}", s / 250, s % 250, i + 1);
+            let (service, id) = (format!("svc-{s}"), format!("svc-{s}-{i}"));
+            out.push(
+                Registration::new(&node_of(s, i), &service, &id, &address, 8080).protocol("http"),
+            );
         }
     }
     out
 }
 
-fn until(
-    what: &str,
-    xds: &str,
-    pred: impl Fn(&[serde_json::Value]) -> bool,
-) -> Vec<serde_json::Value> {
+/// Instance `id` of `web` on `node`, port 8080, HTTP.
+fn web_instance(node: &str, id: &str, ip: &str) -> Registration {
+    Registration::new(node, "web", id, ip, 8080).protocol("http")
+}
+
+fn until(what: &str, xds: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     e2e::wait_served(Duration::from_secs(20), what, xds, pred)
 }
 
-fn addresses(item: &serde_json::Value) -> Vec<String> {
+/// The endpoint addresses of `item`, in the order served.
+fn addresses(item: &Value) -> Vec<String> {
     item["spec"]["endpoints"]
         .as_array()
         .map(|a| {
@@ -74,20 +72,11 @@ fn addresses(item: &serde_json::Value) -> Vec<String> {
 fn follows_registrations_health_tags_and_meta() {
     let _ = NEEDS;
     let consul = Consul::start(None);
-    consul.register(
-        "n1",
-        "web",
-        "web-1",
-        "10.0.0.1",
-        8080,
-        &["version|v1"],
-        &[("protocol", "http")],
-        "passing",
-    );
+    consul.register(&web_instance("n1", "web-1", "10.0.0.1").tags(&["version|v1"]));
     // The deny-list keeps Consul's own `consul` service out.
     let a = adapter(&consul, &["--exclude-service", "cons*"], &[]);
     a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let xds = a.xds_url();
 
     let items = until("web served", &xds, |i| find(i, "web").is_some());
     let web = find(&items, "web").expect("web");
@@ -103,16 +92,7 @@ fn follows_registrations_health_tags_and_meta() {
     assert_eq!(web["spec"]["endpoints"][0]["locality"], "dc1");
 
     // Register a second instance.
-    consul.register(
-        "n2",
-        "web",
-        "web-2",
-        "10.0.0.2",
-        8080,
-        &["version|v2"],
-        &[("protocol", "http")],
-        "passing",
-    );
+    consul.register(&web_instance("n2", "web-2", "10.0.0.2").tags(&["version|v2"]));
     until("second instance", &xds, |i| {
         find(i, "web").is_some_and(|w| addresses(w) == ["10.0.0.1", "10.0.0.2"])
     });
@@ -129,14 +109,9 @@ fn follows_registrations_health_tags_and_meta() {
 
     // Tags and meta change.
     consul.register(
-        "n2",
-        "web",
-        "web-2",
-        "10.0.0.2",
-        8080,
-        &["version|v3", "team=pay"],
-        &[("protocol", "http"), ("owner", "ops")],
-        "passing",
+        &web_instance("n2", "web-2", "10.0.0.2")
+            .tags(&["version|v3", "team=pay"])
+            .meta("owner", "ops"),
     );
     let items = until("labels changed", &xds, |i| {
         find(i, "web").is_some_and(|w| w["spec"]["endpoints"][1]["labels"]["version"] == "v3")
@@ -154,14 +129,9 @@ fn follows_registrations_health_tags_and_meta() {
 
     // A new service appears and vanishes.
     consul.register(
-        "n3",
-        "db",
-        "db-1",
-        "10.0.1.1",
-        5432,
-        &[],
-        &[("protocol", "tcp"), ("external", "true")],
-        "passing",
+        &Registration::new("n3", "db", "db-1", "10.0.1.1", 5432)
+            .protocol("tcp")
+            .meta("external", "true"),
     );
     let items = until("db appeared", &xds, |i| find(i, "db").is_some());
     let db = find(&items, "db").expect("db");
@@ -184,21 +154,18 @@ fn follows_registrations_health_tags_and_meta() {
 #[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
 fn consul_restart_keeps_last_state_and_recovers_with_an_index_reset() {
     let mut consul = Consul::start(None);
-    consul.register("n1", "web", "web-1", "10.0.0.1", 8080, &[], &[], "passing");
+    consul.register(&Registration::new("n1", "web", "web-1", "10.0.0.1", 8080));
     let a = adapter(&consul, &[], &[]);
     a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let xds = a.xds_url();
     until("web served", &xds, |i| find(i, "web").is_some());
 
     consul.kill();
     // Registry health is /registryz; /readyz stays 200: the last good state is worth serving.
-    let body = wait_for(
+    let body = a.wait_registryz(
         Duration::from_secs(20),
         "registryz 503 during the outage",
-        || {
-            let (s, body) = a.get("/registryz");
-            (s == 503).then_some(body)
-        },
+        503,
     );
     assert!(body.contains("consul"), "{body}");
     assert_eq!(
@@ -223,16 +190,8 @@ fn consul_restart_keeps_last_state_and_recovers_with_an_index_reset() {
     // Consul comes back empty (dev mode), with indexes starting over: the adapter recovers
     // without a restart and serves the new truth.
     consul.restart();
-    consul.register(
-        "n9",
-        "api",
-        "api-1",
-        "10.0.9.1",
-        9090,
-        &[],
-        &[("protocol", "grpc")],
-        "passing",
-    );
+    let api = |id: &str, ip: &str| Registration::new("n9", "api", id, ip, 9090).protocol("grpc");
+    consul.register(&api("api-1", "10.0.9.1"));
     let items = until("state after the restart", &xds, |i| {
         find(i, "api").is_some() && find(i, "web").is_none()
     });
@@ -240,20 +199,9 @@ fn consul_restart_keeps_last_state_and_recovers_with_an_index_reset() {
         find(&items, "api").expect("api")["spec"]["ports"][0]["protocol"],
         "GRPC"
     );
-    wait_for(Duration::from_secs(20), "registryz 200 again", || {
-        (a.get("/registryz").0 == 200).then_some(())
-    });
+    a.wait_registryz(Duration::from_secs(20), "registryz 200 again", 200);
     // And it keeps watching after the index reset.
-    consul.register(
-        "n9",
-        "api",
-        "api-2",
-        "10.0.9.2",
-        9090,
-        &[],
-        &[("protocol", "grpc")],
-        "passing",
-    );
+    consul.register(&api("api-2", "10.0.9.2"));
     until("change after the restart", &xds, |i| {
         find(i, "api").is_some_and(|w| addresses(w).len() == 2)
     });
@@ -265,7 +213,7 @@ fn acl_tokens_without_and_with_rights() {
     let consul = Consul::start(Some(
         r#"acl { enabled = true default_policy = "deny" tokens { initial_management = "root" } }"#,
     ));
-    consul.register("n1", "web", "web-1", "10.0.0.1", 8080, &[], &[], "passing");
+    consul.register(&Registration::new("n1", "web", "web-1", "10.0.0.1", 8080));
 
     // An unknown token: Consul answers 403; the adapter says so and is not ready.
     let bad = adapter(
@@ -273,10 +221,12 @@ fn acl_tokens_without_and_with_rights() {
         &[],
         &[("CONSUL_HTTP_TOKEN", "00000000-0000-0000-0000-000000000000")],
     );
-    let body = wait_for(Duration::from_secs(20), "ACL error on /registryz", || {
-        let (s, body) = bad.get("/registryz");
-        (s == 503 && body.contains("ACL")).then_some(body)
-    });
+    let body = bad.wait_admin(
+        Duration::from_secs(20),
+        "ACL error on /registryz",
+        "/registryz",
+        |s, body| s == 503 && body.contains("ACL"),
+    );
     assert_eq!(bad.get("/readyz").0, 503, "never synced: not ready");
     assert!(body.contains("403"), "{body}");
     assert!(
@@ -290,11 +240,11 @@ fn acl_tokens_without_and_with_rights() {
 
     // A valid token without rights sees nothing (Consul filters by ACL).
     let empty = consul.must("PUT", "/v1/acl/token", r#"{"Description":"no rights"}"#);
-    let empty: serde_json::Value = serde_json::from_str(&empty).expect("token JSON");
+    let empty: Value = serde_json::from_str(&empty).expect("token JSON");
     let empty_secret = empty["SecretID"].as_str().expect("secret").to_string();
     let none = adapter(&consul, &[], &[("CONSUL_HTTP_TOKEN", &empty_secret)]);
     none.wait_ready();
-    assert!(mcpctl_get(&format!("xds://{}", none.grpc)).is_empty());
+    assert!(mcpctl_get(&none.xds_url()).is_empty());
 
     // A token with service:read and node:read, from a token file.
     consul.must(
@@ -307,7 +257,7 @@ fn acl_tokens_without_and_with_rights() {
         "/v1/acl/token",
         r#"{"Description":"mcp adapter","Policies":[{"Name":"mcp-read"}]}"#,
     );
-    let tok: serde_json::Value = serde_json::from_str(&tok).expect("token JSON");
+    let tok: Value = serde_json::from_str(&tok).expect("token JSON");
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("token");
     std::fs::write(&file, tok["SecretID"].as_str().expect("secret")).expect("write");
@@ -317,7 +267,7 @@ fn acl_tokens_without_and_with_rights() {
         &[],
     );
     good.wait_ready();
-    let good_xds = format!("xds://{}", good.grpc);
+    let good_xds = good.xds_url();
     let items = until("web with a token", &good_xds, |i| find(i, "web").is_some());
     assert_eq!(addresses(find(&items, "web").expect("web")), ["10.0.0.1"]);
 
@@ -328,11 +278,11 @@ fn acl_tokens_without_and_with_rights() {
         "/v1/acl/token",
         r#"{"Description":"mcp adapter, rotated","Policies":[{"Name":"mcp-read"}]}"#,
     );
-    let tok2: serde_json::Value = serde_json::from_str(&tok2).expect("token JSON");
+    let tok2: Value = serde_json::from_str(&tok2).expect("token JSON");
     std::fs::write(&file, tok2["SecretID"].as_str().expect("secret")).expect("rewrite");
     let old = tok["AccessorID"].as_str().expect("accessor");
     consul.must("DELETE", &format!("/v1/acl/token/{old}"), "");
-    consul.register("n2", "api", "api-1", "10.0.0.2", 9090, &[], &[], "passing");
+    consul.register(&Registration::new("n2", "api", "api-1", "10.0.0.2", 9090));
     until("api with the rotated token", &good_xds, |i| {
         find(i, "api").is_some()
     });
@@ -353,7 +303,7 @@ fn acl_tokens_without_and_with_rights() {
 #[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
 fn https_with_the_consul_cli_environment() {
     let consul = Consul::start_tls(None);
-    consul.register("n1", "web", "web-1", "10.0.0.1", 8080, &[], &[], "passing");
+    consul.register(&Registration::new("n1", "web", "web-1", "10.0.0.1", 8080));
     let (https, ca) = consul.https.clone().expect("https");
     let capath = tempfile::tempdir().expect("tempdir");
     std::fs::copy(&ca, capath.path().join("ca.pem")).expect("copy CA");
@@ -388,10 +338,7 @@ fn https_with_the_consul_cli_environment() {
     ];
     for (what, env) in &cases {
         let a = Adapter::start_with_env("adapter-consul", &[], env);
-        let items = wait_for(Duration::from_secs(20), what, || {
-            let items = mcpctl_get(&format!("xds://{}", a.grpc));
-            find(&items, "web").is_some().then_some(items)
-        });
+        let items = until(what, &a.xds_url(), |i| find(i, "web").is_some());
         assert_eq!(
             addresses(find(&items, "web").expect("web")),
             ["10.0.0.1"],
@@ -410,13 +357,11 @@ fn https_with_the_consul_cli_environment() {
         ],
     );
     // (Before the first attempt /registryz is 503 for another reason: wait for this one.)
-    wait_for(
+    a.wait_admin(
         Duration::from_secs(20),
         "registryz 503 naming the certificate",
-        || {
-            let (s, body) = a.get("/registryz");
-            (s == 503 && body.to_lowercase().contains("certificate")).then_some(body)
-        },
+        "/registryz",
+        |s, body| s == 503 && body.to_lowercase().contains("certificate"),
     );
     assert_eq!(a.get("/readyz").0, 503, "never synced");
 }
@@ -428,7 +373,7 @@ fn five_hundred_services_of_ten_instances() {
     consul.register_bulk(&bulk(500, 10));
     let a = adapter_defaults(&consul, &[]);
     a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let xds = a.xds_url();
     let items = until("500 services", &xds, |i| {
         i.iter().filter(|i| is_svc(i)).count() == 500
     });
@@ -445,7 +390,7 @@ fn five_hundred_services_of_ten_instances() {
     a.assert_steady(Duration::from_secs(3));
 }
 
-fn is_svc(item: &serde_json::Value) -> bool {
+fn is_svc(item: &Value) -> bool {
     item["metadata"]["name"]
         .as_str()
         .is_some_and(|n| n.starts_with("svc-"))
@@ -463,7 +408,7 @@ fn five_thousand_services_on_a_stock_agent() {
     eprintln!("registered {N} services x 2 instances in {:?}", t.elapsed());
     let started = Instant::now();
     let a = adapter_defaults(&consul, &[]);
-    let xds = format!("xds://{}", a.grpc);
+    let xds = a.xds_url();
     wait_for(Duration::from_secs(60), "5,000 services served", || {
         (a.metric("mcp_adapter_resources") >= N as f64).then_some(())
     });
@@ -501,14 +446,7 @@ fn five_thousand_services_on_a_stock_agent() {
     let before = a.metric("mcp_adapter_snapshots_total");
     let t = Instant::now();
     consul.register(
-        "node-0",
-        "svc-99",
-        "svc-99-new",
-        "10.99.99.99",
-        8080,
-        &[],
-        &[("protocol", "http")],
-        "passing",
+        &Registration::new("node-0", "svc-99", "svc-99-new", "10.99.99.99", 8080).protocol("http"),
     );
     wait_for(
         Duration::from_secs(30),

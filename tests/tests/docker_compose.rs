@@ -13,6 +13,8 @@ use std::process::Command;
 
 use serde_yaml::Value;
 
+use e2e::run_ok;
+
 const MCP_PORT: u16 = 15051;
 
 fn repo() -> PathBuf {
@@ -288,16 +290,9 @@ fn seed_scripts_are_valid_shell() {
             } else {
                 "sh"
             };
-            let out = Command::new(shell)
-                .arg("-n")
-                .arg(&p)
-                .output()
-                .expect("run shell");
-            assert!(
-                out.status.success(),
-                "{shell} -n {}: {}",
-                p.display(),
-                String::from_utf8_lossy(&out.stderr)
+            run_ok(
+                Command::new(shell).arg("-n").arg(&p),
+                &format!("{shell} -n {}", p.display()),
             );
             n += 1;
         }

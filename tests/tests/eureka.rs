@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
 use e2e::eureka::{Eureka, Instance};
 use e2e::pki::make_pki;
 use e2e::{addresses_of, find, mcpctl_get, wait_for, Adapter};
@@ -11,16 +13,25 @@ use e2e::{addresses_of, find, mcpctl_get, wait_for, Adapter};
 /// A change must reach the sink within this: one 5s refresh, plus a loaded machine.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn adapter_defaults(eureka: &Eureka) -> Adapter {
-    let url = eureka.url();
-    Adapter::start("adapter-eureka", &["--eureka-url", url.as_str()])
+/// adapter-eureka with `args`, ready: it and its `xds://` address.
+fn adapter(args: &[&str]) -> (Adapter, String) {
+    let a = Adapter::start("adapter-eureka", args);
+    a.wait_ready();
+    let xds = a.xds_url();
+    (a, xds)
 }
 
-fn until(
-    what: &str,
-    xds: &str,
-    pred: impl Fn(&[serde_json::Value]) -> bool,
-) -> Vec<serde_json::Value> {
+/// adapter-eureka with its default flags on `eureka`, ready: it and its `xds://` address.
+fn adapter_defaults(eureka: &Eureka) -> (Adapter, String) {
+    adapter(&["--eureka-url", eureka.url().as_str()])
+}
+
+/// Instance orders-1 of `orders` at 10.0.0.1:8080, with metadata `version: v1`.
+fn orders_1_v1() -> Instance {
+    Instance::new("orders", "orders-1", "10.0.0.1", 8080).with_metadata("version", "v1")
+}
+
+fn until(what: &str, xds: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     e2e::wait_served(CHANGE_TIMEOUT, what, xds, pred)
 }
 
@@ -28,9 +39,7 @@ fn until(
 #[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
 fn harness_registers_changes_and_cancels_through_the_rest_api() {
     let eureka = Eureka::start();
-    let mut i = Instance::new("orders", "orders-1", "10.0.0.1", 8080);
-    i.metadata.push(("version".into(), "v1".into()));
-    eureka.register(&i);
+    eureka.register(&orders_1_v1());
     assert_eq!(
         eureka.statuses("orders"),
         [("orders-1".to_string(), "UP".to_string())]
@@ -61,9 +70,7 @@ fn register_status_down_and_deregister_reach_the_sink() {
     let eureka = Eureka::start();
     eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
     eureka.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
-    let a = adapter_defaults(&eureka);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter_defaults(&eureka);
 
     let items = until("orders served with two endpoints", &xds, |i| {
         addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
@@ -108,12 +115,7 @@ fn register_status_down_and_deregister_reach_the_sink() {
     until("orders removed after cancel", &xds, |i| {
         find(i, "orders").is_none() && find(i, "payments").is_some()
     });
-    assert_eq!(
-        a.metric("mcp_adapter_registry_errors_total"),
-        0.0,
-        "{}",
-        a.log_tail()
-    );
+    a.assert_no_registry_errors("as instances came and went");
 }
 
 #[test]
@@ -121,32 +123,15 @@ fn register_status_down_and_deregister_reach_the_sink() {
 fn unchanged_registry_builds_no_snapshot_and_has_no_errors() {
     let eureka = Eureka::start();
     eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
-    let a = adapter_defaults(&eureka);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter_defaults(&eureka);
     until("orders served", &xds, |i| find(i, "orders").is_some());
 
-    let snapshots = a.metric("mcp_adapter_snapshots_total");
-    assert!(snapshots > 0.0, "no snapshot yet");
     // Four refresh intervals of the default 5s.
-    let end = Instant::now() + Duration::from_secs(21);
-    while Instant::now() < end {
-        assert_eq!(
-            a.metric("mcp_adapter_registry_errors_total"),
-            0.0,
-            "registry errors in steady state; log:\n{}",
-            a.log_tail()
-        );
-        assert_eq!(a.get("/readyz").0, 200);
-        assert_eq!(a.get("/registryz").0, 200, "{}", a.log_tail());
-        assert_eq!(
-            a.metric("mcp_adapter_snapshots_total"),
-            snapshots,
-            "a snapshot was built while nothing changed; log:\n{}",
-            a.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    a.assert_steady_polling(
+        Duration::from_secs(21),
+        Duration::from_millis(500),
+        &["/registryz"],
+    );
     // No full fetch beyond the first: deltas matched the hashcode every time.
     let full_fetches = a.log().matches("full fetch").count();
     assert_eq!(full_fetches, 1, "{}", a.log_tail());
@@ -157,16 +142,11 @@ fn unchanged_registry_builds_no_snapshot_and_has_no_errors() {
 fn server_down_keeps_the_last_good_state() {
     let mut eureka = Eureka::start();
     eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
-    let a = adapter_defaults(&eureka);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter_defaults(&eureka);
     until("orders served", &xds, |i| find(i, "orders").is_some());
 
     eureka.stop();
-    let body = wait_for(CHANGE_TIMEOUT, "registryz 503 during the outage", || {
-        let (s, body) = a.get("/registryz");
-        (s == 503).then_some(body)
-    });
+    let body = a.wait_registryz(CHANGE_TIMEOUT, "registryz 503 during the outage", 503);
     assert!(body.contains("eureka"), "{body}");
     assert_eq!(a.get("/readyz").0, 200, "the last good state is served");
     let items = mcpctl_get(&xds);
@@ -183,9 +163,7 @@ fn bad_ip_skips_one_instance_with_a_problem_naming_it() {
     let eureka = Eureka::start();
     eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
     eureka.register(&Instance::new("orders", "orders-bad", "not-an-ip", 8080));
-    let a = adapter_defaults(&eureka);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter_defaults(&eureka);
     until("orders served with its good instance", &xds, |i| {
         addresses_of(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
     });
@@ -196,9 +174,8 @@ fn bad_ip_skips_one_instance_with_a_problem_naming_it() {
     );
     // Fixed by cancelling it: the problem clears.
     eureka.deregister("orders", "orders-bad");
-    wait_for(CHANGE_TIMEOUT, "problem cleared", || {
-        let p = a.debug()["problems"].clone();
-        (!p.to_string().contains("orders-bad")).then_some(())
+    a.wait_problems(CHANGE_TIMEOUT, "problem cleared", |p| {
+        !p.contains("orders-bad")
     });
 }
 
@@ -213,19 +190,14 @@ fn fails_over_to_the_next_url_when_the_first_server_stops() {
         e.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
     }
     let (u1, u2) = (first.url(), second.url());
-    let a = Adapter::start(
-        "adapter-eureka",
-        &[
-            "--eureka-url",
-            u1.as_str(),
-            "--eureka-url",
-            u2.as_str(),
-            "--failback-after",
-            "3s",
-        ],
-    );
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter(&[
+        "--eureka-url",
+        u1.as_str(),
+        "--eureka-url",
+        u2.as_str(),
+        "--failback-after",
+        "3s",
+    ]);
     until("orders served", &xds, |i| find(i, "orders").is_some());
 
     first.stop();
@@ -259,17 +231,12 @@ fn fails_over_to_the_next_url_when_the_first_server_stops() {
 fn restarted_empty_server_is_not_believed_during_the_startup_grace() {
     let mut eureka = Eureka::start();
     eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
-    let a = Adapter::start(
-        "adapter-eureka",
-        &[
-            "--eureka-url",
-            eureka.url().as_str(),
-            "--startup-grace",
-            "20s",
-        ],
-    );
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter(&[
+        "--eureka-url",
+        eureka.url().as_str(),
+        "--startup-grace",
+        "20s",
+    ]);
     until("orders served", &xds, |i| find(i, "orders").is_some());
 
     eureka.restart();
@@ -303,13 +270,9 @@ fn restarted_empty_server_is_not_believed_during_the_startup_grace() {
 #[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
 fn metadata_change_reaches_the_endpoint_labels() {
     let eureka = Eureka::start();
-    let mut i = Instance::new("orders", "orders-1", "10.0.0.1", 8080);
-    i.metadata.push(("version".into(), "v1".into()));
-    eureka.register(&i);
-    let a = adapter_defaults(&eureka);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
-    let label = |items: &[serde_json::Value]| {
+    eureka.register(&orders_1_v1());
+    let (_a, xds) = adapter_defaults(&eureka);
+    let label = |items: &[Value]| {
         find(items, "orders").map(|o| o["spec"]["endpoints"][0]["labels"]["version"].clone())
     };
     until("v1 served", &xds, |i| label(i).is_some_and(|v| v == "v1"));
@@ -325,9 +288,7 @@ fn lease_expiry_removes_the_instance() {
     let mut short = Instance::new("orders", "orders-2", "10.0.0.2", 8080);
     short.lease_secs = 3;
     eureka.register(&short);
-    let a = adapter_defaults(&eureka);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (_a, xds) = adapter_defaults(&eureka);
     // No heartbeats for orders-2: the server evicts it (self-preservation is off), the delta
     // says DELETED.
     until("orders-2 expired", &xds, |i| {
@@ -350,9 +311,7 @@ fn hashcode_mismatch_forces_a_full_fetch() {
         "--eureka.server.delta-retention-timer-interval-in-ms=250",
     ]);
     eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
-    let a = adapter_defaults(&eureka);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter_defaults(&eureka);
     until("orders served", &xds, |i| find(i, "orders").is_some());
 
     eureka.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
@@ -377,9 +336,7 @@ fn two_hundred_apps_of_five_instances() {
         }
     }
     let started = Instant::now();
-    let a = adapter_defaults(&eureka);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (_a, xds) = adapter_defaults(&eureka);
     let items = until("200 apps served", &xds, |i| i.len() == 200);
     eprintln!(
         "200 apps x 5 served {:?} after the adapter started",
@@ -401,20 +358,13 @@ fn server_with_deltas_disabled_is_read_in_full() {
     // `disable-delta=true`: the server answers /apps/delta with 403.
     let eureka = Eureka::start_with(&["--eureka.server.disable-delta=true"]);
     eureka.register(&Instance::new("orders", "orders-1", "10.0.0.1", 8080));
-    let a = adapter_defaults(&eureka);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter_defaults(&eureka);
     until("orders served", &xds, |i| find(i, "orders").is_some());
     eureka.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
     until("orders-2 served", &xds, |i| {
         addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
     });
-    assert_eq!(
-        a.metric("mcp_adapter_registry_errors_total"),
-        0.0,
-        "{}",
-        a.log_tail()
-    );
+    a.assert_no_registry_errors("with deltas refused");
     assert!(a.log().contains("refuses deltas"), "{}", a.log_tail());
 }
 
@@ -440,11 +390,9 @@ fn basic_auth_from_env_or_file_and_never_logged() {
         &[("EUREKA_USERNAME", "mesh"), ("EUREKA_PASSWORD", password)],
     );
     env.wait_ready();
-    until(
-        "orders served (env credentials)",
-        &format!("xds://{}", env.grpc),
-        |i| find(i, "orders").is_some(),
-    );
+    until("orders served (env credentials)", &env.xds_url(), |i| {
+        find(i, "orders").is_some()
+    });
 
     // From a file.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -463,7 +411,7 @@ fn basic_auth_from_env_or_file_and_never_logged() {
     from_file.wait_ready();
     until(
         "orders served (file credentials)",
-        &format!("xds://{}", from_file.grpc),
+        &from_file.xds_url(),
         |i| find(i, "orders").is_some(),
     );
     for a in [&none, &env, &from_file] {
@@ -484,30 +432,20 @@ fn https_with_a_custom_ca_and_a_client_certificate() {
     let (ca, cert, key) = (file("ca.crt"), file("client.crt"), file("client.key"));
 
     // CA and client certificate: served.
-    let a = Adapter::start(
-        "adapter-eureka",
-        &[
-            "--eureka-url",
-            &url,
-            "--eureka-ca",
-            &ca,
-            "--eureka-client-cert",
-            &cert,
-            "--eureka-client-key",
-            &key,
-        ],
-    );
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter(&[
+        "--eureka-url",
+        &url,
+        "--eureka-ca",
+        &ca,
+        "--eureka-client-cert",
+        &cert,
+        "--eureka-client-key",
+        &key,
+    ]);
     until("orders over HTTPS", &xds, |i| {
         addresses_of(i, "orders").is_some_and(|v| v == ["10.0.0.1"])
     });
-    assert_eq!(
-        a.metric("mcp_adapter_registry_errors_total"),
-        0.0,
-        "{}",
-        a.log_tail()
-    );
+    a.assert_no_registry_errors("over HTTPS");
 
     // The CA but no client certificate: the server refuses the handshake, and /registryz says
     // the registry cannot be read.
@@ -515,14 +453,11 @@ fn https_with_a_custom_ca_and_a_client_certificate() {
         "adapter-eureka",
         &["--eureka-url", &url, "--eureka-ca", &ca],
     );
-    let body = wait_for(
+    let body = no_cert.wait_admin(
         CHANGE_TIMEOUT,
         "/registryz 503 without a client certificate",
-        || {
-            let (status, body) = no_cert.get("/registryz");
-            (status == 503 && no_cert.metric("mcp_adapter_registry_errors_total") > 0.0)
-                .then_some(body)
-        },
+        "/registryz",
+        |status, _| status == 503 && no_cert.metric("mcp_adapter_registry_errors_total") > 0.0,
     );
     assert!(body.contains(&url) || body.contains("127.0.0.1"), "{body}");
     assert_eq!(no_cert.get("/readyz").0, 503, "never synced");

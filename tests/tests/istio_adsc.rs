@@ -4,7 +4,13 @@
 
 use std::time::Duration;
 
-use e2e::{item, wait_for, Adapter, Adsc, IstioVersion};
+use e2e::{item, test_each_istio_version, version_of, Adapter, Adsc, IstioVersion};
+
+// Each test runs `scenario` with one build of Istio's client.
+test_each_istio_version! {
+    "needs Istio's adsc client: tests/istio-adsc/build.sh target/adsc (the README's test command builds it)",
+    istio_current_reads_edits_and_deletions, istio_1_22_reads_edits_and_deletions => scenario
+}
 
 const SHOP: &str = r#"
 apiVersion: networking.istio.io/v1
@@ -63,16 +69,9 @@ fn scenario(version: IstioVersion) {
             "legacy.example",
         ],
     );
-    adapter.wait_ready();
-
-    let mut adsc = Adsc::start(version, adapter.grpc);
-    let synced = adsc.wait(Duration::from_secs(60), "adsc synced", |e| {
-        e["event"] == "synced"
-    });
-    let se_type = synced["serviceEntryTypeUrl"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let mut adsc = Adsc::start_synced(version, &adapter);
+    let synced = adsc.seen.last().expect("the synced event");
+    let se_type = synced["serviceEntryTypeUrl"].as_str().unwrap_or_default();
     match version {
         IstioVersion::Current => assert_eq!(se_type, "networking.istio.io/v1/ServiceEntry"),
         IstioVersion::V1_22 => assert_eq!(se_type, "networking.istio.io/v1alpha3/ServiceEntry"),
@@ -105,7 +104,7 @@ fn scenario(version: IstioVersion) {
     assert_eq!(billing["spec"]["endpoints"][1]["ports"]["http"], 8081);
 
     // An edit reaches istio's store with a new version; the others keep theirs.
-    let stripe_version = stripe["resourceVersion"].clone();
+    let stripe_version = version_of(&items, "shop/stripe");
     std::fs::write(&shop, SHOP.replace("10.0.0.2", "10.0.0.3")).expect("edit");
     let items = adsc.wait_items("edited payments", |items| {
         item(items, "shop/payments")
@@ -113,10 +112,7 @@ fn scenario(version: IstioVersion) {
     });
     let payments = item(&items, "shop/payments").expect("payments");
     assert_ne!(payments["resourceVersion"].as_str(), Some(v1.as_str()));
-    assert_eq!(
-        item(&items, "shop/stripe").expect("stripe")["resourceVersion"],
-        stripe_version
-    );
+    assert_eq!(version_of(&items, "shop/stripe"), stripe_version);
 
     // A broken file keeps its last good content in istio's store; the other file still flows.
     std::fs::write(&shop, "kind: ServiceEntry\nspec: [unclosed").expect("break");
@@ -132,36 +128,15 @@ fn scenario(version: IstioVersion) {
     );
     // The parse error is reported once the broken content has settled (adapter-file's
     // --settle-time: a half-written file is not believed at once).
-    wait_for(
+    adapter.wait_problems(
         Duration::from_secs(10),
         "shop.yaml's problem reported",
-        || {
-            adapter.debug()["problems"]
-                .to_string()
-                .contains("shop.yaml")
-                .then_some(())
-        },
+        |p| p.contains("shop.yaml"),
     );
 
     // Deletion: the file's ServiceEntries leave istio's store.
     std::fs::remove_file(&shop).expect("delete");
     let items = adsc.wait_items("shop.yaml's entries deleted", |items| items.len() == 1);
     assert!(item(&items, "legacy/billing").is_some());
-    assert!(
-        adsc.errors().is_empty(),
-        "adsc reported errors: {:?}",
-        adsc.errors()
-    );
-}
-
-#[test]
-#[ignore = "needs Istio's adsc client: tests/istio-adsc/build.sh target/adsc (the README's test command builds it)"]
-fn istio_current_reads_edits_and_deletions() {
-    scenario(IstioVersion::Current);
-}
-
-#[test]
-#[ignore = "needs Istio's adsc client: tests/istio-adsc/build.sh target/adsc (the README's test command builds it)"]
-fn istio_1_22_reads_edits_and_deletions() {
-    scenario(IstioVersion::V1_22);
+    adsc.assert_no_errors();
 }

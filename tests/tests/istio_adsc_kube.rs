@@ -3,12 +3,28 @@
 //! cluster's Services (hosts, VIPs, ports and protocols, ready endpoints with their pod labels
 //! and localities), it follows an EndpointSlice change, and Istio's client reports no error.
 
-use std::time::Duration;
-
-use serde_json::json;
+use serde_json::{json, Value};
 
 use e2e::kube::{ready, service, slice, KubeApiServer};
-use e2e::{endpoint_addresses, item, Adapter, Adsc, IstioVersion};
+use e2e::{endpoint_addresses, item, test_each_istio_version, Adapter, Adsc, IstioVersion};
+
+// Each test runs `scenario` with one build of Istio's client.
+test_each_istio_version! {
+    "needs kube-apiserver and adsc-watch: tests/kube-apiserver/build.sh target/kube; tests/istio-adsc/build.sh target/adsc",
+    istio_current_reads_kubernetes_services, istio_1_22_reads_kubernetes_services => scenario
+}
+
+/// shop/web's one EndpointSlice (both ports) with `endpoints`.
+fn web_slice(endpoints: Vec<Value>) -> Value {
+    slice(
+        "shop",
+        "web-1",
+        "web",
+        "IPv4",
+        &[("http", 8080), ("grpc", 9090)],
+        endpoints,
+    )
+}
 
 fn scenario(version: IstioVersion) {
     let kube = KubeApiServer::start();
@@ -18,14 +34,7 @@ fn scenario(version: IstioVersion) {
     let web = kube.apply_service(&web);
     let mut eps = vec![ready("10.1.0.1"), ready("10.1.0.2")];
     eps[0]["zone"] = json!("zone-a");
-    kube.apply_slice(&slice(
-        "shop",
-        "web-1",
-        "web",
-        "IPv4",
-        &[("http", 8080), ("grpc", 9090)],
-        eps,
-    ));
+    kube.apply_slice(&web_slice(eps));
     let kc = kube.kubeconfig().display().to_string();
     let adapter = Adapter::start(
         "adapter-kube",
@@ -38,12 +47,7 @@ fn scenario(version: IstioVersion) {
             "west",
         ],
     );
-    adapter.wait_ready();
-
-    let mut adsc = Adsc::start(version, adapter.grpc);
-    adsc.wait(Duration::from_secs(60), "adsc synced", |e| {
-        e["event"] == "synced"
-    });
+    let mut adsc = Adsc::start_synced(version, &adapter);
     let items = adsc.wait_items("shop/web", |items| {
         item(items, "shop/web").is_some_and(|o| endpoint_addresses(o).len() == 2)
     });
@@ -62,28 +66,9 @@ fn scenario(version: IstioVersion) {
     assert_eq!(first["network"], "west");
 
     // A pod replaced: istio's store follows.
-    kube.apply_slice(&slice(
-        "shop",
-        "web-1",
-        "web",
-        "IPv4",
-        &[("http", 8080), ("grpc", 9090)],
-        vec![ready("10.1.0.2"), ready("10.1.0.3")],
-    ));
+    kube.apply_slice(&web_slice(vec![ready("10.1.0.2"), ready("10.1.0.3")]));
     adsc.wait_items("pod replaced", |items| {
         item(items, "shop/web").is_some_and(|o| endpoint_addresses(o) == ["10.1.0.2", "10.1.0.3"])
     });
-    assert!(adsc.errors().is_empty(), "adsc errors: {:?}", adsc.errors());
-}
-
-#[test]
-#[ignore = "needs kube-apiserver and adsc-watch: tests/kube-apiserver/build.sh target/kube; tests/istio-adsc/build.sh target/adsc"]
-fn istio_current_reads_kubernetes_services() {
-    scenario(IstioVersion::Current);
-}
-
-#[test]
-#[ignore = "needs kube-apiserver and adsc-watch: tests/kube-apiserver/build.sh target/kube; tests/istio-adsc/build.sh target/adsc"]
-fn istio_1_22_reads_kubernetes_services() {
-    scenario(IstioVersion::V1_22);
+    adsc.assert_no_errors();
 }

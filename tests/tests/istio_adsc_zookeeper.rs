@@ -3,10 +3,14 @@
 //! instance reach the store istiod would build, follow a version bump and a provider leaving,
 //! and an interface whose last provider left stays with no endpoints (the default).
 
-use std::time::Duration;
-
 use e2e::zookeeper::{provider_path, Writer, ZooKeeper};
-use e2e::{item, Adapter, Adsc, IstioVersion};
+use e2e::{item, test_each_istio_version, version_of, Adapter, Adsc, IstioVersion};
+
+// Each test runs `scenario` with one build of Istio's client.
+test_each_istio_version! {
+    "needs zookeeper (scripts/install-zookeeper.sh) and Istio's adsc client (tests/istio-adsc/build.sh target/adsc)",
+    istio_current_reads_zookeeper_services, istio_1_22_reads_zookeeper_services => scenario
+}
 
 const ORDER: &str = "com.example.OrderService";
 const ORDER_ITEM: &str = "zookeeper/com.example.orderservice";
@@ -37,17 +41,8 @@ fn scenario(version: IstioVersion) {
     w.create_e("/services/waiter-service/b1fdcb1e", SPRING);
     let servers = zk.servers();
     let adapter = Adapter::start("adapter-zookeeper", &["--zk-servers", servers.as_str()]);
-    adapter.wait_ready();
-
-    let mut adsc = Adsc::start(version, adapter.grpc);
-    adsc.wait(Duration::from_secs(60), "adsc synced", |e| {
-        e["event"] == "synced"
-    });
-    let items = adsc.wait_items("order and waiter services", |items| {
-        item(items, ORDER_ITEM).is_some_and(|o| endpoints(o).len() == 2)
-            && item(items, WAITER_ITEM).is_some()
-    });
-    assert_eq!(items.len(), 2, "{items:?}");
+    let mut adsc = Adsc::start_synced(version, &adapter);
+    let items = adsc.wait_exactly(ORDER_ITEM, 2, &[WAITER_ITEM]);
     let order = item(&items, ORDER_ITEM).expect("order service in istio's store");
     assert_eq!(
         order["spec"]["hosts"][0],
@@ -72,7 +67,7 @@ fn scenario(version: IstioVersion) {
     assert_eq!(waiter["spec"]["ports"][0]["name"], "http-8080");
     assert_eq!(waiter["spec"]["ports"][0]["protocol"], "HTTP");
     assert_eq!(endpoints(waiter)[0]["labels"]["zone"], "a");
-    let waiter_version = waiter["resourceVersion"].clone();
+    let waiter_version = version_of(&items, WAITER_ITEM);
 
     // A version bump: the provider re-registers under a new URL; the host stays, the label
     // changes (a DestinationRule subset on `version` follows it).
@@ -87,7 +82,7 @@ fn scenario(version: IstioVersion) {
     });
     assert_eq!(items.len(), 2, "a version bump renames nothing: {items:?}");
     assert_eq!(
-        item(&items, WAITER_ITEM).expect("waiter")["resourceVersion"],
+        version_of(&items, WAITER_ITEM),
         waiter_version,
         "the other service is untouched"
     );
@@ -103,21 +98,5 @@ fn scenario(version: IstioVersion) {
         order["spec"]["ports"][0]["name"], "tcp-20880",
         "its port stays while it is empty"
     );
-    assert!(
-        adsc.errors().is_empty(),
-        "adsc reported errors: {:?}",
-        adsc.errors()
-    );
-}
-
-#[test]
-#[ignore = "needs zookeeper (scripts/install-zookeeper.sh) and Istio's adsc client (tests/istio-adsc/build.sh target/adsc)"]
-fn istio_current_reads_zookeeper_services() {
-    scenario(IstioVersion::Current);
-}
-
-#[test]
-#[ignore = "needs zookeeper (scripts/install-zookeeper.sh) and Istio's adsc client (tests/istio-adsc/build.sh target/adsc)"]
-fn istio_1_22_reads_zookeeper_services() {
-    scenario(IstioVersion::V1_22);
+    adsc.assert_no_errors();
 }

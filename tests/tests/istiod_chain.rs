@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use e2e::consul::{Consul, Registration};
 use e2e::eureka::{Eureka, Instance};
 use e2e::istiod::Istiod;
 use e2e::kube::{ready, service, slice, KubeApiServer};
 use e2e::zookeeper::{provider_path, Writer, ZooKeeper};
-use e2e::{endpoint_addresses, find, item_names, wait_for, Adapter};
+use e2e::{endpoint_addresses, find, item_names, ns_name, wait_for, Adapter};
 
 const GREETER: &str = "com.example.greeter";
 
@@ -30,45 +31,34 @@ spec:
 
 /// What an adapter serves (through mcpctl, as any sink sees it), once `pred` holds.
 fn served(what: &str, a: &Adapter, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    e2e::wait_served(
-        Duration::from_secs(60),
-        what,
-        &format!("xds://{}", a.grpc),
-        pred,
-    )
+    e2e::wait_served(Duration::from_secs(60), what, &a.xds_url(), pred)
 }
 
-/// `namespace/name` of every ServiceEntry in istiod's /debug/configz.
-fn configz_service_entries(configz: &Value) -> Vec<String> {
-    let mut v: Vec<String> = configz
+/// The ServiceEntries in istiod's /debug/configz.
+fn configz_entries(configz: &Value) -> impl Iterator<Item = &Value> {
+    configz
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|c| c["kind"] == "ServiceEntry")
-                .map(|c| {
-                    format!(
-                        "{}/{}",
-                        c["metadata"]["namespace"].as_str().unwrap_or(""),
-                        c["metadata"]["name"].as_str().unwrap_or("")
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+        .into_iter()
+        .flatten()
+        .filter(|c| c["kind"] == "ServiceEntry")
+}
+
+/// `namespace/name` of every ServiceEntry in istiod's /debug/configz, sorted.
+fn configz_service_entries(configz: &Value) -> Vec<String> {
+    let mut v: Vec<String> = configz_entries(configz).map(ns_name).collect();
     v.sort();
     v
 }
 
-/// The ServiceEntry `ns_name` in istiod's /debug/configz.
-fn configz_entry<'a>(configz: &'a Value, ns_name: &str) -> Option<&'a Value> {
-    configz.as_array()?.iter().find(|c| {
-        c["kind"] == "ServiceEntry"
-            && format!(
-                "{}/{}",
-                c["metadata"]["namespace"].as_str().unwrap_or(""),
-                c["metadata"]["name"].as_str().unwrap_or("")
-            ) == ns_name
-    })
+/// The ServiceEntry `name` (`namespace/name`) in istiod's /debug/configz.
+fn configz_entry<'a>(configz: &'a Value, name: &str) -> Option<&'a Value> {
+    configz_entries(configz).find(|c| ns_name(c) == name)
+}
+
+/// shop/web's one EndpointSlice, with a ready endpoint at each of `ips`.
+fn web_pods(ips: &[&str]) -> Value {
+    let endpoints = ips.iter().map(|ip| ready(ip)).collect();
+    slice("shop", "web-1", "web", "IPv4", &[("http", 8080)], endpoints)
 }
 
 /// The registries istiod's /debug/registryz names for `host` in `namespace`.
@@ -109,13 +99,9 @@ fn entries(items: &[Value]) -> Vec<(String, String, String)> {
     items
         .iter()
         .map(|i| {
-            let ns = i["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
-            let name = i["metadata"]["name"].as_str().unwrap_or("");
-            let host = i["spec"]["hosts"][0].as_str().unwrap_or("").to_string();
-            (format!("{ns}/{name}"), ns, host)
+            let ns = i["metadata"]["namespace"].as_str().unwrap_or("");
+            let host = i["spec"]["hosts"][0].as_str().unwrap_or("");
+            (ns_name(i), ns.to_string(), host.to_string())
         })
         .collect()
 }
@@ -130,28 +116,12 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     kube.namespace("shop");
     kube.namespace("istio-system");
     kube.apply_service(&service("shop", "web", &[("http", 80, 8080)]));
-    kube.apply_slice(&slice(
-        "shop",
-        "web-1",
-        "web",
-        "IPv4",
-        &[("http", 8080)],
-        vec![ready("10.1.0.1"), ready("10.1.0.2")],
-    ));
+    kube.apply_slice(&web_pods(&["10.1.0.1", "10.1.0.2"]));
 
     // Consul: one service with two passing instances.
-    let consul = e2e::consul::Consul::start(None);
+    let consul = Consul::start(None);
     for (id, ip) in [("payments-1", "10.0.0.1"), ("payments-2", "10.0.0.2")] {
-        consul.register(
-            "n1",
-            "payments",
-            id,
-            ip,
-            8080,
-            &[],
-            &[("protocol", "http")],
-            "passing",
-        );
+        consul.register(&Registration::new("n1", "payments", id, ip, 8080).protocol("http"));
     }
 
     // ZooKeeper: one Dubbo provider.
@@ -322,14 +292,7 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     // same slice).
     let t = Instant::now();
     consul.deregister("n1", "payments-2");
-    kube.apply_slice(&slice(
-        "shop",
-        "web-1",
-        "web",
-        "IPv4",
-        &[("http", 8080)],
-        vec![ready("10.1.0.2"), ready("10.1.0.3")],
-    ));
+    kube.apply_slice(&web_pods(&["10.1.0.2", "10.1.0.3"]));
     wait_for(Duration::from_secs(30), "changes in istiod", || {
         let s = istiod.debug("endpointShardz");
         (external_endpoints(&s, &payments_host, &payments_ns) == ["10.0.0.1"]

@@ -11,7 +11,9 @@ use e2e::kube::{
     not_ready, ready, service, services_path, slice, slices_path, terminating, KubeApiServer,
     TokenUser,
 };
-use e2e::{addresses_of, endpoint_addresses, find, item_names, mcpctl_get, wait_for, Adapter};
+use e2e::{
+    addresses_of, endpoint_addresses, find, item_names, mcpctl_get, ports, wait_for, Adapter,
+};
 
 /// A change must reach the sink within this (a watch event, plus a loaded machine).
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,21 +33,20 @@ fn until(what: &str, xds: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     e2e::wait_served(CHANGE_TIMEOUT, what, xds, pred)
 }
 
-fn ports(item: &Value) -> Vec<(u64, String, String)> {
-    item["spec"]["ports"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|p| {
-                    (
-                        p["number"].as_u64().unwrap_or(0),
-                        p["name"].as_str().unwrap_or("").to_string(),
-                        p["protocol"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+/// `namespace/name` of the served items, sorted.
+fn sorted_names(items: &[Value]) -> Vec<String> {
+    let mut names = item_names(items);
+    names.sort();
+    names
+}
+
+/// The ports of web's pods in [`seed_shop`] (`api` listens elsewhere than its targetPort).
+const WEB_POD_PORTS: &[(&str, u16)] = &[("http", 8080), ("api", 9091)];
+
+/// shop/web's EndpointSlice of `family` (`web-v4` or `web-v6`), with `ports` and `endpoints`.
+fn web_slice(family: &str, ports: &[(&str, u16)], endpoints: Vec<Value>) -> Value {
+    let name = if family == "IPv6" { "web-v6" } else { "web-v4" };
+    slice("shop", name, "web", family, ports, endpoints)
 }
 
 /// The shop: `web` (ClusterIP, two ports, one with appProtocol), `db` (headless) and `ext`
@@ -62,12 +63,9 @@ fn seed_shop(kube: &KubeApiServer) -> String {
     ext["spec"] = json!({"type": "ExternalName", "externalName": "db.example.com",
                          "ports": [{"name": "https", "port": 443}]});
     kube.apply_service(&ext);
-    kube.apply_slice(&slice(
-        "shop",
-        "web-v4",
-        "web",
+    kube.apply_slice(&web_slice(
         "IPv4",
-        &[("http", 8080), ("api", 9091)],
+        WEB_POD_PORTS,
         vec![
             ready("10.1.0.1"),
             ready("10.1.0.2"),
@@ -75,18 +73,33 @@ fn seed_shop(kube: &KubeApiServer) -> String {
             terminating("10.1.0.4"),
         ],
     ));
-    kube.apply_slice(&slice(
-        "shop",
-        "web-v6",
-        "web",
-        "IPv6",
-        &[("http", 8080), ("api", 9091)],
-        vec![ready("fd00::1")],
-    ));
+    kube.apply_slice(&web_slice("IPv6", WEB_POD_PORTS, vec![ready("fd00::1")]));
     web["spec"]["clusterIP"]
         .as_str()
         .unwrap_or_default()
         .to_string()
+}
+
+/// adapter-kube (with `extra` flags) on the seeded shop, once it serves web's three ready
+/// endpoints: it and its `xds://` address.
+fn serve_shop(kube: &KubeApiServer, extra: &[&str]) -> (Adapter, String) {
+    seed_shop(kube);
+    let a = adapter(kube, extra);
+    a.wait_ready();
+    let xds = a.xds_url();
+    until("shop served", &xds, |i| {
+        addresses_of(i, "web").is_some_and(|v| v.len() == 3)
+    });
+    (a, xds)
+}
+
+/// Replaces web's IPv4 pods (of [`seed_shop`]) by one at `ip`, and waits until `xds` serves it
+/// beside the IPv6 one.
+fn replace_web_v4_pods(kube: &KubeApiServer, xds: &str, ip: &str, what: &str) {
+    kube.apply_slice(&web_slice("IPv4", &[("http", 8080)], vec![ready(ip)]));
+    until(what, xds, |i| {
+        addresses_of(i, "web").is_some_and(|v| v == [ip, "fd00::1"])
+    });
 }
 
 #[test]
@@ -96,7 +109,7 @@ fn services_and_slices_follow_the_cluster() {
     let cluster_ip = seed_shop(&kube);
     let a = adapter(&kube, &[]);
     a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let xds = a.xds_url();
 
     let items = until("web, db and ext served", &xds, |i| {
         find(i, "web").is_some() && find(i, "db").is_some() && find(i, "ext").is_some()
@@ -136,30 +149,21 @@ fn services_and_slices_follow_the_cluster() {
     assert_eq!(endpoint_addresses(ext), ["db.example.com"]);
 
     // Scale up, and a readiness flip: both show.
-    kube.apply_slice(&slice(
-        "shop",
-        "web-v4",
-        "web",
+    kube.apply_slice(&web_slice(
         "IPv4",
-        &[("http", 8080), ("api", 9091)],
-        vec![
-            ready("10.1.0.1"),
-            ready("10.1.0.2"),
-            ready("10.1.0.3"),
-            ready("10.1.0.5"),
-        ],
+        WEB_POD_PORTS,
+        ["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.5"]
+            .map(ready)
+            .to_vec(),
     ));
     until("scaled up and 10.1.0.3 ready", &xds, |i| {
         addresses_of(i, "web")
             .is_some_and(|v| v == ["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.5", "fd00::1"])
     });
     // Scale down: one pod terminating, one gone.
-    kube.apply_slice(&slice(
-        "shop",
-        "web-v4",
-        "web",
+    kube.apply_slice(&web_slice(
         "IPv4",
-        &[("http", 8080), ("api", 9091)],
+        WEB_POD_PORTS,
         vec![ready("10.1.0.2"), terminating("10.1.0.3")],
     ));
     until("scaled down", &xds, |i| {
@@ -174,10 +178,7 @@ fn services_and_slices_follow_the_cluster() {
     );
     renamed["spec"]["ports"][1]["appProtocol"] = json!("kubernetes.io/h2c");
     kube.apply_service(&renamed);
-    kube.apply_slice(&slice(
-        "shop",
-        "web-v6",
-        "web",
+    kube.apply_slice(&web_slice(
         "IPv6",
         &[("http-web", 8081), ("api", 9091)],
         vec![ready("fd00::1")],
@@ -226,12 +227,8 @@ fn namespaces_and_label_selector_choose_what_is_served() {
         &["--namespaces", "a,b", "--label-selector", "export=yes"],
     );
     a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
-    until("a/x and b/x", &xds, |i| {
-        let mut names = item_names(i);
-        names.sort();
-        names == ["a/x", "b/x"]
-    });
+    let xds = a.xds_url();
+    until("a/x and b/x", &xds, |i| sorted_names(i) == ["a/x", "b/x"]);
     // Labelled later: a/y joins; c/y, outside the namespaces, does not.
     for ns in ["a", "c"] {
         let mut y = service(ns, "y", &[("http", 80, 80)]);
@@ -239,17 +236,11 @@ fn namespaces_and_label_selector_choose_what_is_served() {
         kube.apply_service(&y);
     }
     until("a/y joins", &xds, |i| {
-        let mut names = item_names(i);
-        names.sort();
-        names == ["a/x", "a/y", "b/x"]
+        sorted_names(i) == ["a/x", "a/y", "b/x"]
     });
     // Label removed: leaves.
     kube.apply_service(&service("a", "x", &[("http", 80, 80)]));
-    until("a/x leaves", &xds, |i| {
-        let mut names = item_names(i);
-        names.sort();
-        names == ["a/y", "b/x"]
-    });
+    until("a/x leaves", &xds, |i| sorted_names(i) == ["a/y", "b/x"]);
     a.assert_steady(Duration::from_secs(2));
 }
 
@@ -257,18 +248,10 @@ fn namespaces_and_label_selector_choose_what_is_served() {
 #[ignore = "needs kube-apiserver: tests/kube-apiserver/build.sh target/kube (the README's test command builds it)"]
 fn api_server_restart_keeps_the_last_state_and_recovers() {
     let mut kube = KubeApiServer::start();
-    seed_shop(&kube);
-    let a = adapter(&kube, &[]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
-    until("shop served", &xds, |i| {
-        addresses_of(i, "web").is_some_and(|v| v.len() == 3)
-    });
+    let (a, xds) = serve_shop(&kube, &[]);
 
     kube.kill();
-    wait_for(Duration::from_secs(30), "/registryz 503", || {
-        (a.get("/registryz").0 == 503).then_some(())
-    });
+    a.wait_registryz(Duration::from_secs(30), "/registryz 503", 503);
     let (status, body) = a.get("/readyz");
     assert_eq!(status, 200, "last good state still served: {body}");
     let items = mcpctl_get(&xds);
@@ -276,20 +259,8 @@ fn api_server_restart_keeps_the_last_state_and_recovers() {
     assert!(a.metric("mcp_adapter_registry_errors_total") > 0.0);
 
     kube.restart();
-    kube.apply_slice(&slice(
-        "shop",
-        "web-v4",
-        "web",
-        "IPv4",
-        &[("http", 8080)],
-        vec![ready("10.1.0.9")],
-    ));
-    until("a change after the restart", &xds, |i| {
-        addresses_of(i, "web").is_some_and(|v| v == ["10.1.0.9", "fd00::1"])
-    });
-    wait_for(CHANGE_TIMEOUT, "/registryz 200", || {
-        (a.get("/registryz").0 == 200).then_some(())
-    });
+    replace_web_v4_pods(&kube, &xds, "10.1.0.9", "a change after the restart");
+    a.wait_registryz(CHANGE_TIMEOUT, "/registryz 200", 200);
     assert_eq!(a.metric("mcp_adapter_registry_healthy"), 1.0);
 }
 
@@ -302,13 +273,7 @@ fn an_expired_watch_lists_again_without_an_error_or_a_push() {
         &[],
         &["--watch-cache=false", "--etcd-compaction-interval=1s"],
     );
-    seed_shop(&kube);
-    let a = adapter(&kube, &["--watch-timeout", "2s"]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
-    until("shop served", &xds, |i| {
-        addresses_of(i, "web").is_some_and(|v| v.len() == 3)
-    });
+    let (a, xds) = serve_shop(&kube, &["--watch-timeout", "2s"]);
     let snapshots = a.metric("mcp_adapter_snapshots_total");
 
     // Other writes move etcd's revision on while the shop is quiet.
@@ -338,17 +303,7 @@ fn an_expired_watch_lists_again_without_an_error_or_a_push() {
         a.log_tail()
     );
     // And the watch goes on.
-    kube.apply_slice(&slice(
-        "shop",
-        "web-v4",
-        "web",
-        "IPv4",
-        &[("http", 8080)],
-        vec![ready("10.1.0.7")],
-    ));
-    until("a change after the expiry", &xds, |i| {
-        addresses_of(i, "web").is_some_and(|v| v == ["10.1.0.7", "fd00::1"])
-    });
+    replace_web_v4_pods(&kube, &xds, "10.1.0.7", "a change after the expiry");
 }
 
 fn next_configmap_name() -> String {
@@ -409,13 +364,11 @@ fn rbac_denied_says_what_is_missing_and_recovers_when_granted() {
     // Services but not EndpointSlices: the adapter must say which one it lacks.
     grant(&kube, "bridge", None, &[("", "services")]);
     let a = adapter_as(&kube.kubeconfig_for("bridge-token"), &[]);
-    let body = wait_for(
+    let body = a.wait_admin(
         CHANGE_TIMEOUT,
         "/registryz names the missing permission",
-        || {
-            let (status, body) = a.get("/registryz");
-            (status == 503 && body.contains("endpointslices")).then_some(body)
-        },
+        "/registryz",
+        |status, body| status == 503 && body.contains("endpointslices"),
     );
     for part in [
         "get, list and watch",
@@ -434,7 +387,7 @@ fn rbac_denied_says_what_is_missing_and_recovers_when_granted() {
         &[("", "services"), ("discovery.k8s.io", "endpointslices")],
     );
     a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let xds = a.xds_url();
     until("served once granted", &xds, |i| {
         addresses_of(i, "web").is_some_and(|v| v.len() == 3)
     });
@@ -451,7 +404,7 @@ fn rbac_denied_says_what_is_missing_and_recovers_when_granted() {
         &["--namespaces", "shop"],
     );
     scoped.wait_ready();
-    let xds = format!("xds://{}", scoped.grpc);
+    let xds = scoped.xds_url();
     until("served through a namespaced Role", &xds, |i| {
         addresses_of(i, "web").is_some_and(|v| v.len() == 3)
     });
@@ -519,7 +472,7 @@ fn shipped_rbac_is_enough_and_nodes_and_pods_add_locality_labels_and_identity() 
         ],
     );
     a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let xds = a.xds_url();
     let items = until("web with its pod's details", &xds, |i| {
         find(i, "web").is_some_and(|w| w["spec"]["endpoints"][0]["labels"]["version"] == "v1")
     });
@@ -547,7 +500,7 @@ fn shipped_rbac_is_enough_and_nodes_and_pods_add_locality_labels_and_identity() 
     });
     let scoped = adapter_as(&kube.kubeconfig_for(&token), &["--namespaces", "team-b"]);
     scoped.wait_ready();
-    let xds = format!("xds://{}", scoped.grpc);
+    let xds = scoped.xds_url();
     until("team-b/api through the Role", &xds, |i| {
         item_names(i) == ["team-b/api"]
     });
@@ -591,7 +544,7 @@ fn a_thousand_services_with_ten_endpoints_each() {
     let a = adapter(&kube, &[]);
     a.wait_ready();
     kube.create_all(&slices[SERVICES / 2..], 8);
-    let xds = format!("xds://{}", a.grpc);
+    let xds = a.xds_url();
     let items = until("1,000 services with 10 endpoints each", &xds, |i| {
         // Beside them: default/kubernetes, the API server's own Service.
         let bulk: Vec<&Value> = i

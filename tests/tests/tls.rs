@@ -34,26 +34,31 @@ fn example_dir(dir: &Path) -> String {
     p.to_string_lossy().to_string()
 }
 
+/// `dir`'s file `name` (made by [`make_pki`]), as an argument.
+fn pki_file(dir: &Path, name: &str) -> String {
+    dir.join(name).to_string_lossy().to_string()
+}
+
+/// adapter-file on `input` serving TLS with `dir`'s server certificate, `extra` flags added,
+/// ready: it and its `xds://` address.
+fn tls_adapter(dir: &Path, input: &str, extra: &[&str]) -> (Adapter, String) {
+    let (cert, key) = (pki_file(dir, "server.crt"), pki_file(dir, "server.key"));
+    let mut args = vec!["--path", input, "--tls-cert", &cert, "--tls-key", &key];
+    args.extend_from_slice(extra);
+    let adapter = Adapter::start("adapter-file", &args);
+    adapter.wait_ready();
+    let server = format!("xds://127.0.0.1:{}", adapter.grpc.port());
+    (adapter, server)
+}
+
 #[test]
 fn server_tls_and_required_client_certificates() {
     let dir = tempfile::tempdir().expect("tempdir");
     make_pki(dir.path());
-    let f = |n: &str| dir.path().join(n).to_string_lossy().to_string();
+    let f = |n: &str| pki_file(dir.path(), n);
     let input = example_dir(dir.path());
 
-    let adapter = Adapter::start(
-        "adapter-file",
-        &[
-            "--path",
-            &input,
-            "--tls-cert",
-            &f("server.crt"),
-            "--tls-key",
-            &f("server.key"),
-        ],
-    );
-    adapter.wait_ready();
-    let server = format!("xds://127.0.0.1:{}", adapter.grpc.port());
+    let (adapter, server) = tls_adapter(dir.path(), &input, &[]);
     let ok = mcpctl(&server, &["--tls-ca", &f("ca.crt")]);
     assert!(
         ok.status.success(),
@@ -70,21 +75,7 @@ fn server_tls_and_required_client_certificates() {
     );
     drop(adapter);
 
-    let adapter = Adapter::start(
-        "adapter-file",
-        &[
-            "--path",
-            &input,
-            "--tls-cert",
-            &f("server.crt"),
-            "--tls-key",
-            &f("server.key"),
-            "--tls-client-ca",
-            &f("ca.crt"),
-        ],
-    );
-    adapter.wait_ready();
-    let server = format!("xds://127.0.0.1:{}", adapter.grpc.port());
+    let (_adapter, server) = tls_adapter(dir.path(), &input, &["--tls-client-ca", &f("ca.crt")]);
     let anonymous = mcpctl(&server, &["--tls-ca", &f("ca.crt")]);
     assert!(
         !anonymous.status.success(),

@@ -28,7 +28,7 @@ use e2e::mesh::{
 use e2e::netns::{isolate, pod_ip};
 use e2e::registries::{curator_instance, Instance, Registries, Registry, ZkRegistry};
 use e2e::zookeeper::{Writer, ZooKeeper};
-use e2e::{endpoint_addresses, find, http_get, wait_for, wait_served, Adapter};
+use e2e::{endpoint_addresses, find, wait_for, wait_served, Adapter};
 
 /// The port of every HTTP service in the main test (one Envoy listener, routed by host).
 const PORT: u16 = 18080;
@@ -45,12 +45,7 @@ fn at(n: u8, port: u16) -> SocketAddr {
 
 /// What an adapter serves, once `pred` holds.
 fn served(a: &Adapter, what: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    wait_served(
-        Duration::from_secs(60),
-        what,
-        &format!("xds://{}", a.grpc),
-        pred,
-    )
+    wait_served(Duration::from_secs(60), what, &a.xds_url(), pred)
 }
 
 /// The number of endpoints of the served item `name`.
@@ -294,13 +289,7 @@ fn billing_crd() -> Value {
 /// is counted and /readyz stays 200.
 fn adapter_snapshots(r: &dyn Registry) -> f64 {
     let a = r.adapter();
-    assert_eq!(
-        a.metric("mcp_adapter_registry_errors_total"),
-        0.0,
-        "{}: registry errors; log:\n{}",
-        r.kind(),
-        a.log_tail()
-    );
+    a.assert_no_registry_errors(&format!("of {}", r.kind()));
     assert_eq!(a.get("/readyz").0, 200, "{}: /readyz", r.kind());
     a.metric("mcp_adapter_snapshots_total")
 }
@@ -433,7 +422,7 @@ impl World {
 
     /// The VIP adapter-zookeeper gave Dubbo interface `iface`, with Dubbo's port.
     fn vip(&self, iface: &str) -> SocketAddr {
-        let items = e2e::mcpctl_get(&format!("xds://{}", self.regs.zk.adapter().grpc));
+        let items = e2e::mcpctl_get(&self.regs.zk.adapter().xds_url());
         let item = find(&items, &iface.to_lowercase()).expect("served");
         let a = item["spec"]["addresses"][0].as_str().expect("a VIP");
         SocketAddr::new(a.parse().expect("VIP is an IP"), DUBBO_PORT)
@@ -765,14 +754,10 @@ fn adapter_replicas_restart_under_traffic_without_a_push() {
     // each serves the set its --state-file kept, under the same versions.
     zk.kill();
     for r in &replicas {
-        wait_for(
+        r.wait_registryz(
             Duration::from_secs(30),
             "/registryz 503 with ZooKeeper down",
-            || {
-                http_get(r.admin, "/registryz")
-                    .ok()
-                    .filter(|(st, _)| *st == 503)
-            },
+            503,
         );
     }
     replicas[0].kill();
@@ -791,11 +776,7 @@ fn adapter_replicas_restart_under_traffic_without_a_push() {
     // 3. ZooKeeper is back; the replicas sync with it and find nothing changed.
     zk.restart();
     for r in &replicas {
-        wait_for(Duration::from_secs(60), "/registryz 200 again", || {
-            http_get(r.admin, "/registryz")
-                .ok()
-                .filter(|(st, _)| *st == 200)
-        });
+        r.wait_registryz(Duration::from_secs(60), "/registryz 200 again", 200);
     }
     std::thread::sleep(Duration::from_secs(2));
     let report = load.stop();

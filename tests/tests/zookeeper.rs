@@ -6,27 +6,34 @@
 
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
 use e2e::zookeeper::{adapter_pid, provider_path, signal, Writer, ZooKeeper};
 use e2e::{
     addresses_of, endpoint_addresses, find, http_get, item_names, mcpctl_get, wait_for, Adapter,
 };
 
-fn adapter(zk: &ZooKeeper, extra: &[&str]) -> Adapter {
-    let servers = zk.servers();
-    let mut args = vec!["--zk-servers", servers.as_str()];
+/// adapter-zookeeper on `servers` with `extra` flags and `env`, ready: it and its `xds://`
+/// address.
+fn adapter_on(servers: &str, extra: &[&str], env: &[(&str, &str)]) -> (Adapter, String) {
+    let mut args = vec!["--zk-servers", servers];
     args.extend_from_slice(extra);
-    Adapter::start_with_env("adapter-zookeeper", &args, &[])
+    let a = Adapter::start_with_env("adapter-zookeeper", &args, env);
+    a.wait_ready();
+    let xds = a.xds_url();
+    (a, xds)
 }
 
-fn until(
-    what: &str,
-    xds: &str,
-    pred: impl Fn(&[serde_json::Value]) -> bool,
-) -> Vec<serde_json::Value> {
+/// [`adapter_on`] `zk`, without extra environment.
+fn adapter(zk: &ZooKeeper, extra: &[&str]) -> (Adapter, String) {
+    adapter_on(&zk.servers(), extra, &[])
+}
+
+fn until(what: &str, xds: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     e2e::wait_served(Duration::from_secs(30), what, xds, pred)
 }
 
-fn endpoint_count(item: &serde_json::Value) -> usize {
+fn endpoint_count(item: &Value) -> usize {
     item["spec"]["endpoints"].as_array().map_or(0, Vec::len)
 }
 
@@ -34,22 +41,33 @@ fn dubbo_url(ip: &str, port: u16, iface: &str, extra: &str) -> String {
     format!("dubbo://{ip}:{port}/{iface}?application=demo&interface={iface}&methods=sayHi,sayBye&side=provider&dubbo=2.0.2&release=3.1.4{extra}")
 }
 
+/// The znode of a Dubbo provider of `iface` at `ip:port`, `extra` appended to its URL.
+fn provider(iface: &str, ip: &str, port: u16, extra: &str) -> String {
+    provider_path(iface, &dubbo_url(ip, port, iface, extra))
+}
+
+/// A persistent greeter provider at 10.0.0.1 and adapter-zookeeper (with `extra` flags)
+/// serving it: it and its `xds://` address.
+fn serve_greeter(zk: &ZooKeeper, w: &mut Writer, extra: &[&str]) -> (Adapter, String) {
+    w.create(&provider(GREETER, "10.0.0.1", 20880, ""), "");
+    let (a, xds) = adapter(zk, extra);
+    until("greeter served", &xds, |i| find(i, GREETER).is_some());
+    (a, xds)
+}
+
 const GREETER: &str = "com.example.greeter";
 
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn follows_dubbo_providers() {
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
-    let p1 = provider_path(GREETER, &dubbo_url("10.0.0.1", 20880, GREETER, "&env=prod"));
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    let p1 = provider(GREETER, "10.0.0.1", 20880, "&env=prod");
     w.create_e(&p1, "10.0.0.1");
     // Categories Dubbo also writes: never services.
     w.create(&format!("/dubbo/{GREETER}/consumers"), "");
     w.create("/dubbo/mapping/com.example.greeter", "demo");
     w.create("/dubbo/config/dubbo/x.configurators", "");
-    let a = adapter(&zk, &[]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (_a, xds) = adapter(&zk, &[]);
 
     let items = until("greeter served", &xds, |i| find(i, GREETER).is_some());
     assert_eq!(item_names(&items), vec![format!("zookeeper/{GREETER}")]);
@@ -68,10 +86,7 @@ fn follows_dubbo_providers() {
     );
 
     // Added.
-    let p2 = provider_path(
-        GREETER,
-        &dubbo_url("10.0.0.2", 20880, GREETER, "&env=prod&weight=30"),
-    );
+    let p2 = provider(GREETER, "10.0.0.2", 20880, "&env=prod&weight=30");
     w.create_e(&p2, "");
     let items = until("second provider", &xds, |i| {
         find(i, GREETER).is_some_and(|g| endpoint_addresses(g) == ["10.0.0.1", "10.0.0.2"])
@@ -87,10 +102,7 @@ fn follows_dubbo_providers() {
 
     // Metadata changed: Dubbo re-registers under a new URL.
     w.delete(&p2);
-    let p2b = provider_path(
-        GREETER,
-        &dubbo_url("10.0.0.2", 20880, GREETER, "&env=canary"),
-    );
+    let p2b = provider(GREETER, "10.0.0.2", 20880, "&env=canary");
     w.create_e(&p2b, "");
     until("metadata changed", &xds, |i| {
         find(i, GREETER).is_some_and(|g| {
@@ -103,21 +115,15 @@ fn follows_dubbo_providers() {
     // Another version and group of the same interface: the same service, told apart by
     // endpoint labels (DestinationRule subsets); a disabled provider is left out.
     w.create_e(
-        &provider_path(
-            GREETER,
-            &dubbo_url("10.0.0.3", 20881, GREETER, "&version=1.0.0&group=blue"),
-        ),
+        &provider(GREETER, "10.0.0.3", 20881, "&version=1.0.0&group=blue"),
         "",
     );
     w.create_e(
-        &provider_path(
+        &provider(
             GREETER,
-            &dubbo_url(
-                "10.0.0.4",
-                20881,
-                GREETER,
-                "&version=1.0.0&group=blue&enabled=false",
-            ),
+            "10.0.0.4",
+            20881,
+            "&version=1.0.0&group=blue&enabled=false",
         ),
         "",
     );
@@ -155,16 +161,10 @@ fn follows_dubbo_providers() {
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn dubbo_hosts_are_the_interface_and_survive_version_bumps() {
     const ORDER: &str = "com.example.OrderService";
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
-    let v1 = provider_path(
-        ORDER,
-        &dubbo_url("10.5.0.1", 20880, ORDER, "&version=1.0.0"),
-    );
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    let v1 = provider(ORDER, "10.5.0.1", 20880, "&version=1.0.0");
     w.create_e(&v1, "");
-    let a = adapter(&zk, &[]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter(&zk, &[]);
     let items = until("order service served", &xds, |i| {
         find(i, "com.example.orderservice").is_some()
     });
@@ -175,13 +175,7 @@ fn dubbo_hosts_are_the_interface_and_survive_version_bumps() {
 
     // Version bump: the provider re-registers; same host, new label.
     w.delete(&v1);
-    w.create_e(
-        &provider_path(
-            ORDER,
-            &dubbo_url("10.5.0.1", 20880, ORDER, "&version=1.0.1"),
-        ),
-        "",
-    );
+    w.create_e(&provider(ORDER, "10.5.0.1", 20880, "&version=1.0.1"), "");
     let items = until("version bumped in place", &xds, |i| {
         find(i, "com.example.orderservice")
             .is_some_and(|o| o["spec"]["endpoints"][0]["labels"]["version"] == "1.0.1")
@@ -190,10 +184,7 @@ fn dubbo_hosts_are_the_interface_and_survive_version_bumps() {
 
     // Another interface mapping to the same host: it gets a hash, and a problem names both.
     const SHOUTY: &str = "com.example.ORDERSERVICE";
-    w.create_e(
-        &provider_path(SHOUTY, &dubbo_url("10.5.0.9", 20880, SHOUTY, "")),
-        "",
-    );
+    w.create_e(&provider(SHOUTY, "10.5.0.9", 20880, ""), "");
     let items = until("colliding interface served", &xds, |i| i.len() == 2);
     let o = find(&items, "com.example.orderservice").expect("kept its host");
     assert_eq!(endpoint_addresses(o), ["10.5.0.1"]);
@@ -204,9 +195,8 @@ fn dubbo_hosts_are_the_interface_and_survive_version_bumps() {
     let name = hashed["metadata"]["name"].as_str().expect("name");
     assert!(name.starts_with("com.example.orderservice-"), "{name}");
     assert_eq!(endpoint_addresses(hashed), ["10.5.0.9"]);
-    wait_for(Duration::from_secs(20), "collision problem", || {
-        let p = a.debug()["problems"].to_string();
-        (p.contains(ORDER) && p.contains(SHOUTY) && p.contains(name)).then_some(())
+    a.wait_problems(Duration::from_secs(20), "collision problem", |p| {
+        p.contains(ORDER) && p.contains(SHOUTY) && p.contains(name)
     });
 }
 
@@ -214,8 +204,7 @@ fn dubbo_hosts_are_the_interface_and_survive_version_bumps() {
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn dubbo3_dual_registration_is_served_once() {
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
+    let (zk, mut w) = ZooKeeper::start_with_writer();
     const API: &str = "org.apache.dubbo.samples.api.GreetingsService";
     let app_instance = |ip: &str| {
         format!(
@@ -235,9 +224,7 @@ fn dubbo3_dual_registration_is_served_once() {
         "/services/first-dubbo-provider/10.6.0.1:20880",
         &app_instance("10.6.0.1"),
     );
-    let a = adapter(&zk, &[]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter(&zk, &[]);
     let items = until("interface served", &xds, |i| {
         find(i, "org.apache.dubbo.samples.api.greetingsservice").is_some()
     });
@@ -260,9 +247,7 @@ fn dubbo3_dual_registration_is_served_once() {
     drop(a);
 
     // `--dubbo-discovery both` serves both registrations.
-    let both = adapter(&zk, &["--dubbo-discovery", "both"]);
-    both.wait_ready();
-    let xds = format!("xds://{}", both.grpc);
+    let (_both, xds) = adapter(&zk, &["--dubbo-discovery", "both"]);
     until("both levels", &xds, |i| {
         find(i, "first-dubbo-provider").is_some_and(|s| endpoint_addresses(s).len() == 2)
             && find(i, "org.apache.dubbo.samples.api.greetingsservice").is_some()
@@ -272,8 +257,7 @@ fn dubbo3_dual_registration_is_served_once() {
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn filters_select_services_groups_and_versions() {
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
+    let (zk, mut w) = ZooKeeper::start_with_writer();
     for (iface, ip, extra) in [
         (
             "com.example.OrderService",
@@ -293,16 +277,13 @@ fn filters_select_services_groups_and_versions() {
         ("com.example.InternalAdmin", "10.7.0.4", ""),
         ("org.other.Api", "10.7.0.5", ""),
     ] {
-        w.create_e(
-            &provider_path(iface, &dubbo_url(ip, 20880, iface, extra)),
-            "",
-        );
+        w.create_e(&provider(iface, ip, 20880, extra), "");
     }
     w.create_e(
         "/services/web/1",
         r#"{"name":"web","address":"10.7.1.1","port":80}"#,
     );
-    let a = adapter(
+    let (_a, xds) = adapter(
         &zk,
         &[
             "--service",
@@ -315,8 +296,6 @@ fn filters_select_services_groups_and_versions() {
             "2.*",
         ],
     );
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
     let items = until("filtered services", &xds, |i| i.len() == 2);
     assert_eq!(
         item_names(&items),
@@ -328,26 +307,20 @@ fn filters_select_services_groups_and_versions() {
     );
     // A new provider that the filters let through arrives; one they do not, does not.
     w.create_e(
-        &provider_path(
+        &provider(
             "com.example.OrderService",
-            &dubbo_url(
-                "10.7.0.6",
-                20880,
-                "com.example.OrderService",
-                "&version=1.1.0&group=blue",
-            ),
+            "10.7.0.6",
+            20880,
+            "&version=1.1.0&group=blue",
         ),
         "",
     );
     w.create_e(
-        &provider_path(
+        &provider(
             "com.example.OrderService",
-            &dubbo_url(
-                "10.7.0.7",
-                20880,
-                "com.example.OrderService",
-                "&version=2.1.0&group=blue",
-            ),
+            "10.7.0.7",
+            20880,
+            "&version=2.1.0&group=blue",
         ),
         "",
     );
@@ -364,14 +337,8 @@ fn filters_select_services_groups_and_versions() {
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn bursts_end_as_the_registry_ends() {
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
-    let provider = |i: usize| {
-        provider_path(
-            GREETER,
-            &dubbo_url(&format!("10.9.0.{i}"), 20880, GREETER, ""),
-        )
-    };
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    let greeter = |i: usize| provider(GREETER, &format!("10.9.0.{i}"), 20880, "");
     let instance = |i: usize| format!("/services/web/{i}");
     let data = |i: usize, zone: &str| {
         format!(
@@ -379,12 +346,10 @@ fn bursts_end_as_the_registry_ends() {
         )
     };
     for i in 1..=3 {
-        w.create_e(&provider(i), "");
+        w.create_e(&greeter(i), "");
         w.create_e(&instance(i), &data(i, "a"));
     }
-    let a = adapter(&zk, &[]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter(&zk, &[]);
     until("the first providers and instances", &xds, |i| {
         addresses_of(i, GREETER).is_some_and(|a| a.len() == 3)
             && addresses_of(i, "web").is_some_and(|a| a.len() == 3)
@@ -392,16 +357,16 @@ fn bursts_end_as_the_registry_ends() {
 
     // Providers 4..=40 join, the odd ones among them leave again, 1 flaps, 2 leaves.
     for i in 4..=40 {
-        w.create_e(&provider(i), "");
+        w.create_e(&greeter(i), "");
     }
     for i in (5..=39).step_by(2) {
-        w.delete(&provider(i));
+        w.delete(&greeter(i));
     }
     for _ in 0..10 {
-        w.delete(&provider(1));
-        w.create_e(&provider(1), "");
+        w.delete(&greeter(1));
+        w.create_e(&greeter(1), "");
     }
-    w.delete(&provider(2));
+    w.delete(&greeter(2));
     // Instances 4..=20 join, change zone in place, every third leaves; 1 leaves.
     for i in 4..=20 {
         w.create_e(&instance(i), &data(i, "a"));
@@ -433,7 +398,7 @@ fn bursts_end_as_the_registry_ends() {
             .map(|i| format!("10.9.1.{i}"))
             .collect(),
     );
-    let zones = |items: &[serde_json::Value]| -> Vec<(String, String)> {
+    let zones = |items: &[Value]| -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = find(items, "web")
             .and_then(|s| s["spec"]["endpoints"].as_array())
             .map(|eps| {
@@ -464,12 +429,7 @@ fn bursts_end_as_the_registry_ends() {
     until("the state after the bursts", &xds, |i| {
         addresses_of(i, GREETER).as_ref() == Some(&want_providers) && zones(i) == want_zones
     });
-    assert_eq!(
-        a.metric("mcp_adapter_registry_errors_total"),
-        0.0,
-        "registry errors during the bursts; log:\n{}",
-        a.log_tail()
-    );
+    a.assert_no_registry_errors("during the bursts");
     a.assert_steady(Duration::from_secs(3));
     // Nothing stale arrived late either.
     let items = mcpctl_get(&xds);
@@ -483,20 +443,10 @@ fn bursts_end_as_the_registry_ends() {
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn unresolvable_ensemble_member_does_not_stop_the_others() {
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
-    w.create_e(
-        &provider_path(GREETER, &dubbo_url("10.8.0.1", 20880, GREETER, "")),
-        "",
-    );
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    w.create_e(&provider(GREETER, "10.8.0.1", 20880, ""), "");
     let servers = format!("zk-2.no-such-host.invalid:2181,{}", zk.servers());
-    let a = Adapter::start_with_env(
-        "adapter-zookeeper",
-        &["--zk-servers", servers.as_str()],
-        &[],
-    );
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter_on(&servers, &[], &[]);
     until("served through the member that resolves", &xds, |i| {
         find(i, GREETER).is_some()
     });
@@ -509,8 +459,7 @@ fn unresolvable_ensemble_member_does_not_stop_the_others() {
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn follows_curator_and_dubbo3_instances() {
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
+    let (zk, mut w) = ZooKeeper::start_with_writer();
     let spring = |ip: &str, port: u16, status: &str, zone: &str| {
         format!(
             r#"{{"name":"waiter-service","id":"x","address":"{ip}","port":{port},"sslPort":null,"payload":{{"@class":"org.springframework.cloud.zookeeper.discovery.ZookeeperInstance","id":"waiter-service","name":"waiter-service","metadata":{{"instance_status":"{status}","zone":"{zone}"}}}},"registrationTimeUTC":1618899361271,"serviceType":"DYNAMIC","uriSpec":null}}"#
@@ -522,9 +471,7 @@ fn follows_curator_and_dubbo3_instances() {
     );
     let dubbo3 = r#"{"name":"first-dubbo-provider","id":"10.2.0.1:20880","address":"10.2.0.1","port":20880,"sslPort":null,"payload":{"@class":"org.apache.dubbo.registry.zookeeper.ZookeeperInstance","id":"10.2.0.1:20880","name":"first-dubbo-provider","metadata":{"dubbo.endpoints":"[{\"port\":20880,\"protocol\":\"dubbo\"},{\"port\":50051,\"protocol\":\"tri\"}]","dubbo.metadata.revision":"871fbc9cb2730caea9b0d858852d5ede","dubbo.metadata.storage-type":"local"}},"registrationTimeUTC":1674960781893,"serviceType":"DYNAMIC","uriSpec":null}"#;
     w.create_e("/services/first-dubbo-provider/10.2.0.1:20880", dubbo3);
-    let a = adapter(&zk, &[]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (_a, xds) = adapter(&zk, &[]);
 
     let items = until("both served", &xds, |i| i.len() == 2);
     let web = find(&items, "waiter-service").expect("waiter-service");
@@ -588,18 +535,14 @@ fn follows_curator_and_dubbo3_instances() {
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn skips_bad_data_with_problems_naming_the_znode() {
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
-    let good = provider_path(GREETER, &dubbo_url("10.0.0.1", 20880, GREETER, ""));
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    let good = provider(GREETER, "10.0.0.1", 20880, "");
     w.create_e(&good, "");
     let unparsable = format!("/dubbo/{GREETER}/providers/not-a-url");
     w.create_e(&unparsable, "");
-    let port0 = provider_path(GREETER, &dubbo_url("10.0.0.2", 0, GREETER, ""));
+    let port0 = provider(GREETER, "10.0.0.2", 0, "");
     w.create_e(&port0, "");
-    let hostname = provider_path(
-        GREETER,
-        &dubbo_url("provider.example.com", 20880, GREETER, ""),
-    );
+    let hostname = provider(GREETER, "provider.example.com", 20880, "");
     w.create_e(&hostname, "");
     w.create_e(
         "/services/web/good",
@@ -614,9 +557,7 @@ fn skips_bad_data_with_problems_naming_the_znode() {
         "/services/web/named",
         r#"{"name":"web","address":"web-1.example.com","port":80}"#,
     );
-    let a = adapter(&zk, &[]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter(&zk, &[]);
     let items = until("good instances served", &xds, |i| i.len() == 2);
     assert_eq!(
         endpoint_addresses(find(&items, GREETER).expect("greeter")),
@@ -652,38 +593,25 @@ fn skips_bad_data_with_problems_naming_the_znode() {
     w.delete("/services/web/broken");
     w.delete("/services/web/zero");
     w.delete("/services/web/named");
-    wait_for(Duration::from_secs(20), "web problems cleared", || {
-        let p = a.debug()["problems"].to_string();
-        (!p.contains("/services/web/")).then_some(())
+    a.wait_problems(Duration::from_secs(20), "web problems cleared", |p| {
+        !p.contains("/services/web/")
     });
 }
 
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn survives_server_restart_serving_last_good_state() {
-    let mut zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
-    w.create(
-        &provider_path(GREETER, &dubbo_url("10.0.0.1", 20880, GREETER, "")),
-        "",
-    );
-    let a = adapter(&zk, &["--zk-session-timeout", "4s"]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
-    until("greeter served", &xds, |i| find(i, GREETER).is_some());
+    let (mut zk, mut w) = ZooKeeper::start_with_writer();
+    let (a, xds) = serve_greeter(&zk, &mut w, &["--zk-session-timeout", "4s"]);
 
     zk.kill();
     // The registry is unhealthy, but the adapter has a state worth serving: still ready.
-    wait_for(
+    a.wait_registryz(
         Duration::from_secs(20),
         "/registryz 503 while ZooKeeper is down",
-        || {
-            http_get(a.admin, "/registryz")
-                .ok()
-                .filter(|(s, _)| *s == 503)
-        },
+        503,
     );
-    let (ready, _) = http_get(a.admin, "/readyz").expect("/readyz");
+    let (ready, _) = a.get("/readyz");
     assert_eq!(ready, 200, "/readyz stays 200 while ZooKeeper is down");
     let items = mcpctl_get(&xds);
     assert!(
@@ -692,15 +620,11 @@ fn survives_server_restart_serving_last_good_state() {
     );
     std::thread::sleep(Duration::from_secs(2));
     zk.restart();
-    wait_for(Duration::from_secs(20), "/registryz 200 again", || {
-        http_get(a.admin, "/registryz")
-            .ok()
-            .filter(|(s, _)| *s == 200)
-    });
+    a.wait_registryz(Duration::from_secs(20), "/registryz 200 again", 200);
     // The writer's own client reconnects too; the next change must arrive.
     w.retry(&format!(
         "create {} ",
-        provider_path(GREETER, &dubbo_url("10.0.0.2", 20880, GREETER, ""))
+        provider(GREETER, "10.0.0.2", 20880, "")
     ));
     until("change after restart", &xds, |i| {
         find(i, GREETER).is_some_and(|g| endpoint_addresses(g) == ["10.0.0.1", "10.0.0.2"])
@@ -718,16 +642,8 @@ fn survives_server_restart_serving_last_good_state() {
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn survives_session_expiry() {
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
-    w.create(
-        &provider_path(GREETER, &dubbo_url("10.0.0.1", 20880, GREETER, "")),
-        "",
-    );
-    let a = adapter(&zk, &["--zk-session-timeout", "2s"]);
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
-    until("greeter served", &xds, |i| find(i, GREETER).is_some());
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    let (a, xds) = serve_greeter(&zk, &mut w, &["--zk-session-timeout", "2s"]);
 
     // Freeze the adapter past its session timeout: the server expires the session; on waking
     // the client is told so and silently opens a new session with no watches.
@@ -735,10 +651,7 @@ fn survives_session_expiry() {
     signal(pid, "STOP");
     std::thread::sleep(Duration::from_secs(6));
     // A change made while the adapter is frozen, and one after it wakes.
-    w.create(
-        &provider_path(GREETER, &dubbo_url("10.0.0.2", 20880, GREETER, "")),
-        "",
-    );
+    w.create(&provider(GREETER, "10.0.0.2", 20880, ""), "");
     signal(pid, "CONT");
     until("change made during expiry", &xds, |i| {
         find(i, GREETER).is_some_and(|g| endpoint_addresses(g).len() == 2)
@@ -748,10 +661,7 @@ fn survives_session_expiry() {
         "expiry seen in the adapter log",
         || a.log().contains("expired").then_some(()),
     );
-    w.create(
-        &provider_path(GREETER, &dubbo_url("10.0.0.3", 20880, GREETER, "")),
-        "",
-    );
+    w.create(&provider(GREETER, "10.0.0.3", 20880, ""), "");
     until("change after new session", &xds, |i| {
         find(i, GREETER).is_some_and(|g| endpoint_addresses(g).len() == 3)
     });
@@ -770,8 +680,7 @@ fn survives_session_expiry() {
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn digest_auth_survives_reconnects() {
-    let mut zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
+    let (mut zk, mut w) = ZooKeeper::start_with_writer();
     w.auth("mesh:s3cret");
     w.create_e(
         "/services/open/1",
@@ -783,9 +692,7 @@ fn digest_auth_survives_reconnects() {
     );
 
     // Without credentials: the unreadable instance is a problem, the rest is served.
-    let anon = adapter(&zk, &[]);
-    anon.wait_ready();
-    let xds = format!("xds://{}", anon.grpc);
+    let (anon, xds) = adapter(&zk, &[]);
     let items = until("open served", &xds, |i| find(i, "open").is_some());
     // Its directory exists, its one instance cannot be read: served with no endpoints.
     assert_eq!(
@@ -793,20 +700,12 @@ fn digest_auth_survives_reconnects() {
         Some(0),
         "{items:?}"
     );
-    wait_for(Duration::from_secs(20), "NoAuth problem", || {
-        let p = anon.debug()["problems"].to_string();
-        (p.contains("/services/secret/1") && p.contains("NoAuth")).then_some(())
+    anon.wait_problems(Duration::from_secs(20), "NoAuth problem", |p| {
+        p.contains("/services/secret/1") && p.contains("NoAuth")
     });
     drop(anon);
 
-    let servers = zk.servers();
-    let a = Adapter::start_with_env(
-        "adapter-zookeeper",
-        &["--zk-servers", servers.as_str()],
-        &[("ZK_DIGEST", "mesh:s3cret")],
-    );
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
+    let (a, xds) = adapter_on(&zk.servers(), &[], &[("ZK_DIGEST", "mesh:s3cret")]);
     until("secret served with credentials", &xds, |i| {
         find(i, "secret").is_some_and(|s| endpoint_count(s) == 1) && find(i, "open").is_some()
     });
@@ -827,35 +726,26 @@ fn digest_auth_survives_reconnects() {
 
 fn debug_version(a: &Adapter) -> Option<String> {
     let (_, body) = http_get(a.admin, "/debug/resources").ok()?;
-    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let v: Value = serde_json::from_str(&body).ok()?;
     v["version"].as_str().map(str::to_string)
 }
 
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
 fn thousand_providers_over_hundred_interfaces() {
-    let zk = ZooKeeper::start();
-    let mut w = Writer::start(&zk);
-    let servers = zk.servers();
-    let a = Adapter::start_with_env(
-        "adapter-zookeeper",
-        &["--zk-servers", servers.as_str()],
-        &[(
-            "RUST_LOG",
-            std::env::var("ZK_E2E_LOG").as_deref().unwrap_or("info"),
-        )],
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    let log_level = std::env::var("ZK_E2E_LOG");
+    let (a, xds) = adapter_on(
+        &zk.servers(),
+        &[],
+        &[("RUST_LOG", log_level.as_deref().unwrap_or("info"))],
     );
-    a.wait_ready();
-    let xds = format!("xds://{}", a.grpc);
     let iface = |i: usize| format!("com.example.svc{i:03}");
     let started = Instant::now();
     for i in 0..100 {
         for j in 0..10 {
             let ip = format!("10.10.{i}.{j}");
-            w.create_e(
-                &provider_path(&iface(i), &dubbo_url(&ip, 20880, &iface(i), "")),
-                "",
-            );
+            w.create_e(&provider(&iface(i), &ip, 20880, ""), "");
         }
     }
     let written = started.elapsed();
@@ -877,13 +767,8 @@ fn thousand_providers_over_hundred_interfaces() {
     // `cargo bench -p e2e --bench zookeeper_latency`, not here).
     for k in 0..10 {
         let before = debug_version(&a);
-        w.create_e(
-            &provider_path(
-                &iface(k % 100),
-                &dubbo_url(&format!("10.20.{k}.1"), 20880, &iface(k % 100), ""),
-            ),
-            "",
-        );
+        let ip = format!("10.20.{k}.1");
+        w.create_e(&provider(&iface(k % 100), &ip, 20880, ""), "");
         wait_for(Duration::from_secs(10), "change served", || {
             (debug_version(&a) != before).then_some(())
         });
