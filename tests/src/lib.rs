@@ -180,17 +180,7 @@ pub fn http11_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)
     Ok((status, String::from_utf8_lossy(&out).into_owned()))
 }
 
-/// Sum of the samples of metric `name` in a Prometheus text exposition (0 when absent).
-pub fn metric_sum(exposition: &str, name: &str) -> f64 {
-    exposition
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
-}
+pub use mcp_core::testing::metric_sum;
 
 /// Polls `f` every 50 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {

@@ -247,19 +247,7 @@ impl Drop for Writer {
 }
 
 /// `java.net.URLEncoder.encode(s, "UTF-8")`, as Dubbo names provider znodes.
-pub fn url_encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'-' | b'_' | b'*' => {
-                out.push(b as char)
-            }
-            b' ' => out.push('+'),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
-}
+pub use adapter_zookeeper::dto::form_encode as url_encode;
 
 /// Path of a Dubbo provider znode under `/dubbo`.
 pub fn provider_path(interface: &str, url: &str) -> String {
