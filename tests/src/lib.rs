@@ -4,6 +4,8 @@
 //! Binaries are found next to the test executable (`target/<profile>/`), which `cargo test
 //! --workspace` builds; the Istio peers in `$ADSC_WATCH_DIR` (default `target/adsc`).
 
+mod adapter;
+mod adsc;
 pub mod backend;
 pub mod consul;
 pub mod envoy;
@@ -19,13 +21,14 @@ pub mod process;
 pub mod registries;
 pub mod zookeeper;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+pub use adapter::Adapter;
+pub use adsc::{Adsc, IstioVersion};
 pub use process::Process;
 
 /// `target/<profile>` of this build.
@@ -197,227 +200,6 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
     }
 }
 
-/// A running adapter process, killed on drop.
-pub struct Adapter {
-    process: Process,
-    /// gRPC address.
-    pub grpc: SocketAddr,
-    /// Admin address.
-    pub admin: SocketAddr,
-    binary: String,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-    _dir: tempfile::TempDir,
-}
-
-impl Adapter {
-    /// Starts `binary` with `args` plus `--listen`/`--admin-listen` on free ports; waits until
-    /// the admin port answers.
-    pub fn start(binary: &str, args: &[&str]) -> Adapter {
-        Self::start_with_env(binary, args, &[])
-    }
-
-    /// [`Adapter::start`] with extra environment variables.
-    pub fn start_with_env(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Adapter {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let a = Adapter {
-            process: Process::new(binary, dir.path(), Duration::from_millis(50)),
-            grpc: free_addr(),
-            admin: free_addr(),
-            binary: binary.to_string(),
-            args: args.iter().map(|s| s.to_string()).collect(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            _dir: dir,
-        };
-        a.spawn();
-        a
-    }
-
-    fn spawn(&self) {
-        let mut cmd = Command::new(workspace_bin(&self.binary));
-        cmd.args(&self.args)
-            .arg("--listen")
-            .arg(self.grpc.to_string())
-            .arg("--admin-listen")
-            .arg(self.admin.to_string())
-            .env("RUST_LOG", "info")
-            .envs(self.env.iter().map(|(k, v)| (k, v)));
-        self.process.spawn_with_stdout(&mut cmd, Stdio::null());
-        self.process.wait_until(
-            Duration::from_secs(20),
-            "its admin port open (/healthz 200)",
-            || self.admin_status("/healthz") == Some(200),
-        );
-    }
-
-    /// Kills the process (SIGKILL: no goodbye to its sinks, as when a node dies).
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Starts it again with the same arguments and ports (killing it first if it runs), and
-    /// waits until the admin port answers.
-    pub fn restart(&mut self) {
-        self.kill();
-        self.spawn();
-    }
-
-    /// The process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    /// `xds://` and the gRPC address: what sinks (mcpctl, istiod) connect to.
-    pub fn xds_url(&self) -> String {
-        format!("xds://{}", self.grpc)
-    }
-
-    /// Waits until /readyz is 200.
-    pub fn wait_ready(&self) {
-        self.wait_admin(
-            Duration::from_secs(20),
-            "adapter /readyz",
-            "/readyz",
-            |s, _| s == 200,
-        );
-    }
-
-    /// The status of a GET on the admin port, `None` when it cannot be reached.
-    fn admin_status(&self, path: &str) -> Option<u16> {
-        http_get(self.admin, path).ok().map(|(s, _)| s)
-    }
-
-    /// Polls `path` on the admin port until `pred(status, body)` holds, within `timeout`; the
-    /// body.
-    pub fn wait_admin(
-        &self,
-        timeout: Duration,
-        what: &str,
-        path: &str,
-        pred: impl Fn(u16, &str) -> bool,
-    ) -> String {
-        wait_for(timeout, what, || {
-            http_get(self.admin, path)
-                .ok()
-                .filter(|(s, b)| pred(*s, b))
-                .map(|(_, b)| b)
-        })
-    }
-
-    /// Polls /registryz until it answers `status`, within `timeout`; the body.
-    pub fn wait_registryz(&self, timeout: Duration, what: &str, status: u16) -> String {
-        self.wait_admin(timeout, what, "/registryz", |s, _| s == status)
-    }
-
-    /// Polls /debug/resources until its `problems` (as JSON text) satisfy `pred`, within
-    /// `timeout`; that text.
-    pub fn wait_problems(
-        &self,
-        timeout: Duration,
-        what: &str,
-        pred: impl Fn(&str) -> bool,
-    ) -> String {
-        wait_for(timeout, what, || {
-            let problems = self.debug()["problems"].to_string();
-            pred(&problems).then_some(problems)
-        })
-    }
-
-    /// GET on the admin port.
-    pub fn get(&self, path: &str) -> (u16, String) {
-        http_get(self.admin, path).expect("admin GET")
-    }
-
-    /// /debug/resources as JSON.
-    pub fn debug(&self) -> serde_json::Value {
-        serde_json::from_str(&self.get("/debug/resources").1).expect("debug JSON")
-    }
-
-    /// Sends SIGTERM and waits up to `timeout` for the process to exit; its exit status.
-    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        self.process.terminate(timeout)
-    }
-
-    /// What the adapter logged so far.
-    pub fn log(&self) -> String {
-        self.process.log()
-    }
-
-    /// The last 30 lines of the log, for assertion messages.
-    pub fn log_tail(&self) -> String {
-        self.process.log_tail(30)
-    }
-
-    /// Sum of a metric's samples on /metrics (0 when absent).
-    pub fn metric(&self, name: &str) -> f64 {
-        metric_sum(&self.get("/metrics").1, name)
-    }
-
-    /// Asserts that the adapter counted no registry error; `context` says when.
-    pub fn assert_no_registry_errors(&self, context: &str) {
-        assert_eq!(
-            self.metric("mcp_adapter_registry_errors_total"),
-            0.0,
-            "registry errors {context}; log:\n{}",
-            self.log_tail()
-        );
-    }
-
-    /// Steady state with nothing changing in the registry, observed for `window`: no registry
-    /// errors, ready, and not one new snapshot (nothing is re-listed or re-pushed).
-    pub fn assert_steady(&self, window: Duration) {
-        self.assert_steady_polling(window, Duration::from_millis(250), &[]);
-    }
-
-    /// [`Adapter::assert_steady`], looking every `every`, with `also` (admin paths) answering
-    /// 200 too.
-    pub fn assert_steady_polling(&self, window: Duration, every: Duration, also: &[&str]) {
-        let snapshots = self.metric("mcp_adapter_snapshots_total");
-        assert!(snapshots > 0.0, "no snapshot yet");
-        let end = Instant::now() + window;
-        while Instant::now() < end {
-            self.assert_no_registry_errors("in steady state");
-            for path in ["/readyz"].iter().chain(also) {
-                let (status, body) = self.get(path);
-                assert_eq!(
-                    status,
-                    200,
-                    "{path} in steady state: {body}; log:\n{}",
-                    self.log_tail()
-                );
-            }
-            assert_eq!(
-                self.metric("mcp_adapter_snapshots_total"),
-                snapshots,
-                "a snapshot was built while nothing changed; log:\n{}",
-                self.log_tail()
-            );
-            std::thread::sleep(every);
-        }
-    }
-}
-
-/// Which build of Istio's client.
-#[derive(Clone, Copy, Debug)]
-pub enum IstioVersion {
-    /// Istio 1.31-dev (requests `networking.istio.io/v1/ServiceEntry`).
-    Current,
-    /// Istio 1.22 (requests `networking.istio.io/v1alpha3/ServiceEntry`).
-    V1_22,
-}
-
-/// Istio's own MCP-over-xDS client (`pkg/adsc` + istiod's in-memory config store) watching a
-/// server, as JSON events.
-pub struct Adsc {
-    child: Child,
-    events: mpsc::Receiver<serde_json::Value>,
-    /// Every event seen so far.
-    pub seen: Vec<serde_json::Value>,
-}
-
 /// A test peer's binary `name` in the directory `$env` names (default `target/<default_dir>`),
 /// which the command `build` makes; panics with that hint when it is missing.
 pub fn peer_binary(env: &str, default_dir: &str, name: &str, build: &str) -> PathBuf {
@@ -451,134 +233,6 @@ fn require_peer(path: PathBuf, build: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-impl Adsc {
-    /// Starts `adsc-watch` against `addr`.
-    pub fn start(version: IstioVersion, addr: SocketAddr) -> Adsc {
-        let name = match version {
-            IstioVersion::Current => "adsc-watch-current",
-            IstioVersion::V1_22 => "adsc-watch-1.22",
-        };
-        let bin = peer_binary(
-            "ADSC_WATCH_DIR",
-            "adsc",
-            name,
-            "tests/istio-adsc/build.sh target/adsc",
-        );
-        let mut child = process::spawn_piped(
-            Command::new(bin).args(["--addr", &addr.to_string(), "--timeout", "300s"]),
-            Stdio::null(),
-        );
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                    if tx.send(v).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        Adsc {
-            child,
-            events: rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits until `adapter` is ready, starts `adsc-watch` against it and waits until it has
-    /// synced (the `synced` event is the last of [`Adsc::seen`]).
-    pub fn start_synced(version: IstioVersion, adapter: &Adapter) -> Adsc {
-        adapter.wait_ready();
-        let mut adsc = Adsc::start(version, adapter.grpc);
-        adsc.wait(Duration::from_secs(60), "adsc synced", |e| {
-            e["event"] == "synced"
-        });
-        adsc
-    }
-
-    /// Waits for an event satisfying `pred`; panics with everything seen on timeout.
-    pub fn wait(
-        &mut self,
-        timeout: Duration,
-        what: &str,
-        pred: impl Fn(&serde_json::Value) -> bool,
-    ) -> serde_json::Value {
-        let end = Instant::now() + timeout;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.events.recv_timeout(left) {
-                Ok(ev) => {
-                    self.seen.push(ev.clone());
-                    if pred(&ev) {
-                        return ev;
-                    }
-                }
-                Err(_) => panic!(
-                    "timed out after {timeout:?} waiting for {what}; adsc events:\n{}",
-                    self.seen
-                        .iter()
-                        .map(|e| e.to_string())
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                ),
-            }
-        }
-    }
-
-    /// Waits for a `serviceentries` event satisfying `pred` on its items.
-    pub fn wait_items(
-        &mut self,
-        what: &str,
-        pred: impl Fn(&[serde_json::Value]) -> bool,
-    ) -> Vec<serde_json::Value> {
-        let ev = self.wait(Duration::from_secs(30), what, |ev| {
-            ev["event"] == "serviceentries"
-                && ev["items"].as_array().is_some_and(|items| pred(items))
-        });
-        ev["items"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// Waits until `main` (`namespace/name`) has `endpoints` endpoints and each of `others` is
-    /// stored too; asserts that nothing else is. The items.
-    pub fn wait_exactly(
-        &mut self,
-        main: &str,
-        endpoints: usize,
-        others: &[&str],
-    ) -> Vec<serde_json::Value> {
-        let what = format!("{main} with {endpoints} endpoints, and {others:?}");
-        let items = self.wait_items(&what, |items| {
-            item(items, main).is_some_and(|m| endpoint_addresses(m).len() == endpoints)
-                && others.iter().all(|o| item(items, o).is_some())
-        });
-        assert_eq!(items.len(), 1 + others.len(), "{items:?}");
-        items
-    }
-
-    /// `error` events seen so far.
-    pub fn errors(&self) -> Vec<&serde_json::Value> {
-        self.seen.iter().filter(|e| e["event"] == "error").collect()
-    }
-
-    /// Asserts that Istio's client reported no error so far.
-    pub fn assert_no_errors(&self) {
-        assert!(
-            self.errors().is_empty(),
-            "adsc reported errors: {:?}",
-            self.errors()
-        );
-    }
-}
-
-impl Drop for Adsc {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Finds an item by `namespace/name`.
@@ -707,30 +361,4 @@ pub fn ports(item: &serde_json::Value) -> Vec<(u64, String, String)> {
 /// `(number, protocol)` of each port of a ServiceEntry item.
 pub fn port_protocols(item: &serde_json::Value) -> Vec<(u64, String)> {
     ports(item).into_iter().map(|(n, _, p)| (n, p)).collect()
-}
-
-/// Two tests, `$current` and `$v1_22`, each running `$scenario` with that build of Istio's
-/// client ([`IstioVersion`]), both ignored for `$why` (the peers they need):
-///
-/// ```text
-/// test_each_istio_version! {
-///     "needs ...",
-///     istio_current_reads_x, istio_1_22_reads_x => scenario
-/// }
-/// ```
-#[macro_export]
-macro_rules! test_each_istio_version {
-    ($why:literal, $current:ident, $v1_22:ident => $scenario:ident) => {
-        #[test]
-        #[ignore = $why]
-        fn $current() {
-            $scenario($crate::IstioVersion::Current);
-        }
-
-        #[test]
-        #[ignore = $why]
-        fn $v1_22() {
-            $scenario($crate::IstioVersion::V1_22);
-        }
-    };
 }

@@ -1,0 +1,211 @@
+//! An adapter's real binary as a test peer: started on free ports, probed on its admin port,
+//! restarted with the same ports, and asked for its metrics and steady state.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{free_addr, http_get, metric_sum, wait_for, workspace_bin, Process};
+
+/// A running adapter process, killed on drop.
+pub struct Adapter {
+    process: Process,
+    /// gRPC address.
+    pub grpc: SocketAddr,
+    /// Admin address.
+    pub admin: SocketAddr,
+    binary: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Adapter {
+    /// Starts `binary` with `args` plus `--listen`/`--admin-listen` on free ports; waits until
+    /// the admin port answers.
+    pub fn start(binary: &str, args: &[&str]) -> Adapter {
+        Self::start_with_env(binary, args, &[])
+    }
+
+    /// [`Adapter::start`] with extra environment variables.
+    pub fn start_with_env(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Adapter {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Adapter {
+            process: Process::new(binary, dir.path(), Duration::from_millis(50)),
+            grpc: free_addr(),
+            admin: free_addr(),
+            binary: binary.to_string(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            _dir: dir,
+        };
+        a.spawn();
+        a
+    }
+
+    fn spawn(&self) {
+        let mut cmd = Command::new(workspace_bin(&self.binary));
+        cmd.args(&self.args)
+            .arg("--listen")
+            .arg(self.grpc.to_string())
+            .arg("--admin-listen")
+            .arg(self.admin.to_string())
+            .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        self.process.spawn_with_stdout(&mut cmd, Stdio::null());
+        self.process.wait_until(
+            Duration::from_secs(20),
+            "its admin port open (/healthz 200)",
+            || self.admin_status("/healthz") == Some(200),
+        );
+    }
+
+    /// Kills the process (SIGKILL: no goodbye to its sinks, as when a node dies).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts it again with the same arguments and ports (killing it first if it runs), and
+    /// waits until the admin port answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// `xds://` and the gRPC address: what sinks (mcpctl, istiod) connect to.
+    pub fn xds_url(&self) -> String {
+        format!("xds://{}", self.grpc)
+    }
+
+    /// Waits until /readyz is 200.
+    pub fn wait_ready(&self) {
+        self.wait_admin(
+            Duration::from_secs(20),
+            "adapter /readyz",
+            "/readyz",
+            |s, _| s == 200,
+        );
+    }
+
+    /// The status of a GET on the admin port, `None` when it cannot be reached.
+    fn admin_status(&self, path: &str) -> Option<u16> {
+        http_get(self.admin, path).ok().map(|(s, _)| s)
+    }
+
+    /// Polls `path` on the admin port until `pred(status, body)` holds, within `timeout`; the
+    /// body.
+    pub fn wait_admin(
+        &self,
+        timeout: Duration,
+        what: &str,
+        path: &str,
+        pred: impl Fn(u16, &str) -> bool,
+    ) -> String {
+        wait_for(timeout, what, || {
+            http_get(self.admin, path)
+                .ok()
+                .filter(|(s, b)| pred(*s, b))
+                .map(|(_, b)| b)
+        })
+    }
+
+    /// Polls /registryz until it answers `status`, within `timeout`; the body.
+    pub fn wait_registryz(&self, timeout: Duration, what: &str, status: u16) -> String {
+        self.wait_admin(timeout, what, "/registryz", |s, _| s == status)
+    }
+
+    /// Polls /debug/resources until its `problems` (as JSON text) satisfy `pred`, within
+    /// `timeout`; that text.
+    pub fn wait_problems(
+        &self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        wait_for(timeout, what, || {
+            let problems = self.debug()["problems"].to_string();
+            pred(&problems).then_some(problems)
+        })
+    }
+
+    /// GET on the admin port.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.admin, path).expect("admin GET")
+    }
+
+    /// /debug/resources as JSON.
+    pub fn debug(&self) -> serde_json::Value {
+        serde_json::from_str(&self.get("/debug/resources").1).expect("debug JSON")
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the process to exit; its exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.process.terminate(timeout)
+    }
+
+    /// What the adapter logged so far.
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+
+    /// The last 30 lines of the log, for assertion messages.
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail(30)
+    }
+
+    /// Sum of a metric's samples on /metrics (0 when absent).
+    pub fn metric(&self, name: &str) -> f64 {
+        metric_sum(&self.get("/metrics").1, name)
+    }
+
+    /// Asserts that the adapter counted no registry error; `context` says when.
+    pub fn assert_no_registry_errors(&self, context: &str) {
+        assert_eq!(
+            self.metric("mcp_adapter_registry_errors_total"),
+            0.0,
+            "registry errors {context}; log:\n{}",
+            self.log_tail()
+        );
+    }
+
+    /// Steady state with nothing changing in the registry, observed for `window`: no registry
+    /// errors, ready, and not one new snapshot (nothing is re-listed or re-pushed).
+    pub fn assert_steady(&self, window: Duration) {
+        self.assert_steady_polling(window, Duration::from_millis(250), &[]);
+    }
+
+    /// [`Adapter::assert_steady`], looking every `every`, with `also` (admin paths) answering
+    /// 200 too.
+    pub fn assert_steady_polling(&self, window: Duration, every: Duration, also: &[&str]) {
+        let snapshots = self.metric("mcp_adapter_snapshots_total");
+        assert!(snapshots > 0.0, "no snapshot yet");
+        let end = Instant::now() + window;
+        while Instant::now() < end {
+            self.assert_no_registry_errors("in steady state");
+            for path in ["/readyz"].iter().chain(also) {
+                let (status, body) = self.get(path);
+                assert_eq!(
+                    status,
+                    200,
+                    "{path} in steady state: {body}; log:\n{}",
+                    self.log_tail()
+                );
+            }
+            assert_eq!(
+                self.metric("mcp_adapter_snapshots_total"),
+                snapshots,
+                "a snapshot was built while nothing changed; log:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(every);
+        }
+    }
+}
