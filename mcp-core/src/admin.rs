@@ -24,8 +24,10 @@ pub struct AdminState {
     pub source: String,
     /// Health and debug state.
     pub status: SharedStatus,
-    /// Served set.
-    pub snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+    /// Served set, per shard (one without `--shards`).
+    pub snapshots: Vec<watch::Receiver<Option<Arc<Snapshot>>>>,
+    /// gRPC address of each shard.
+    pub grpc_addrs: Vec<std::net::SocketAddr>,
     /// Metrics.
     pub metrics: Metrics,
 }
@@ -137,26 +139,45 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
 struct Served<'a> {
     name: &'a str,
     version: &'a str,
+    /// `--shards`: which shard serves it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard: Option<usize>,
     #[serde(flatten)]
     summary: &'a Summary,
 }
 
+/// One shard of a `--shards` source, for `/debug/resources`.
+#[derive(serde::Serialize)]
+struct ShardView {
+    shard: usize,
+    address: String,
+    version: Option<String>,
+    resources: usize,
+}
+
 async fn debug_resources(State(s): State<AdminState>) -> impl IntoResponse {
     let st = s.status.lock().clone();
-    let snapshot = s.snapshots.borrow().clone();
-    let resources: Vec<serde_json::Value> = snapshot
+    let snapshots: Vec<Option<Arc<Snapshot>>> =
+        s.snapshots.iter().map(|rx| rx.borrow().clone()).collect();
+    let sharded = snapshots.len() > 1;
+    let resources: Vec<serde_json::Value> = snapshots
         .iter()
-        .flat_map(|snap| snap.iter())
-        .filter_map(|e| {
+        .enumerate()
+        .flat_map(|(i, snap)| {
+            snap.iter()
+                .flat_map(move |snap| snap.iter().map(move |e| (i, e)))
+        })
+        .filter_map(|(i, e)| {
             serde_json::to_value(Served {
                 name: &e.name,
                 version: &e.version,
+                shard: sharded.then_some(i),
                 summary: &e.summary,
             })
             .ok()
         })
         .collect();
-    Json(serde_json::json!({
+    let mut body = serde_json::json!({
         "registry": s.registry,
         "source": s.source,
         "synced": st.synced,
@@ -164,9 +185,24 @@ async fn debug_resources(State(s): State<AdminState>) -> impl IntoResponse {
         "healthy": st.healthy,
         "lastError": st.last_error,
         "stalenessSeconds": st.staleness_secs(),
-        "version": snapshot.as_ref().map(|s| s.version.clone()),
+        "version": snapshots.first().and_then(|s| s.as_ref()).map(|s| s.version.clone()).filter(|_| !sharded),
         "resources": resources,
         "quarantined": st.quarantine,
         "problems": st.problems,
-    }))
+    });
+    if sharded {
+        let shards: Vec<ShardView> = snapshots
+            .iter()
+            .zip(&s.grpc_addrs)
+            .enumerate()
+            .map(|(shard, (snap, addr))| ShardView {
+                shard,
+                address: addr.to_string(),
+                version: snap.as_ref().map(|s| s.version.clone()),
+                resources: snap.as_ref().map_or(0, |s| s.len()),
+            })
+            .collect();
+        body["shards"] = serde_json::json!(shards);
+    }
+    Json(body)
 }

@@ -33,6 +33,9 @@ pub enum OnEmpty {
     Remove,
 }
 
+/// Most shards one process serves (`--shards`): each is a port and a snapshot of its own.
+pub const MAX_SHARDS: i64 = 64;
+
 /// Flags shared by every adapter binary (`#[command(flatten)]` it into the adapter's args).
 #[derive(Clone, Debug, clap::Args)]
 pub struct CommonArgs {
@@ -96,9 +99,21 @@ pub struct CommonArgs {
     pub tls_key: Option<PathBuf>,
 
     /// Serve only shard INDEX of COUNT (`0/4`): the services whose key hashes to it. Run one
-    /// adapter per shard, each its own `configSources` entry (README: "Sharding").
+    /// adapter per shard, each its own `configSources` entry (README: "Large registries").
     #[arg(long, env = "MCP_SHARD")]
     pub shard: Option<ShardIndex>,
+
+    /// Serve the set as COUNT shards from this one process (one registry watch, one index):
+    /// shard i on the `--listen` port + i, each its own `configSources` entry. A service is in
+    /// the same shard as under `--shard i/COUNT`. 1: one source.
+    #[arg(
+        long,
+        env = "MCP_SHARDS",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=MAX_SHARDS),
+        conflicts_with = "shard"
+    )]
+    pub shards: u16,
 
     /// Serve only services whose key (`namespace/name`, or the name; as /debug/resources shows
     /// it) matches one of these globs (comma-separated).

@@ -9,15 +9,20 @@
 //! O(log n) here, not a walk over every name (at 100k services that walk was most of a change's
 //! latency). The quarantine list is rebuilt only when an invalid service or a name collision
 //! changed, from those alone.
+//!
+//! `--shards S` splits the served set into S snapshots (one per shard's gRPC port) from this one
+//! index: translation, name collisions and virtual IPs are decided once for the whole set, and
+//! each name goes to the shard of the key that wins it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use crate::cache::{encode, Entry, Snapshot};
+use crate::cache::{encode, Change, Entry, Snapshot};
 use crate::cli::OnEmpty;
 use crate::metrics::Metrics;
 use crate::model::{Resolution, Service, ServiceKey};
 use crate::registry::RegistryEvent;
+use crate::shard::shard_of;
 use crate::translate::{translate, TranslateConfig};
 use crate::vip::{needs_vip, Vips};
 
@@ -70,7 +75,8 @@ pub struct Index {
     invalid: BTreeSet<ServiceKey>,
     pending: BTreeMap<ServiceKey, Option<Service>>,
     problems: Problems,
-    snapshot: Option<Arc<Snapshot>>,
+    /// The published snapshot of each shard (one unless `--shards`).
+    snapshots: Vec<Option<Arc<Snapshot>>>,
     quarantine: Vec<Quarantined>,
     /// Nothing is published before the registry's first full set: an empty answer would make a
     /// reconnecting sink delete what it had.
@@ -82,8 +88,14 @@ pub struct Index {
 }
 
 impl Index {
-    /// An empty index.
+    /// An empty index serving one set.
     pub fn new(cfg: TranslateConfig, metrics: Metrics) -> Self {
+        Self::with_shards(cfg, metrics, 1)
+    }
+
+    /// An empty index serving its set as `shards` sets (at least one), split by key hash as
+    /// `--shard i/shards` splits it.
+    pub fn with_shards(cfg: TranslateConfig, metrics: Metrics, shards: usize) -> Self {
         let cfg_vips = cfg.vip_cidr;
         Self {
             cfg,
@@ -96,7 +108,7 @@ impl Index {
             invalid: BTreeSet::new(),
             pending: BTreeMap::new(),
             problems: Problems::new(),
-            snapshot: None,
+            snapshots: vec![None; shards.max(1)],
             quarantine: Vec::new(),
             reset_seen: false,
             vips: Vips::new(cfg_vips),
@@ -150,10 +162,22 @@ impl Index {
 
     /// Translates pending changes; returns the new snapshot if the served set changed (always
     /// on the first call after the first `Reset`, so an empty registry is served too; never
-    /// before it).
+    /// before it). For an index of one shard.
     pub fn flush(&mut self) -> Option<Arc<Snapshot>> {
+        debug_assert_eq!(
+            self.snapshots.len(),
+            1,
+            "flush_shards serves several shards"
+        );
+        self.flush_shards().into_iter().next().flatten()
+    }
+
+    /// [`Index::flush`] for every shard: per shard (in order), its new snapshot if its served
+    /// set changed. Every shard gets one on the first call after the first `Reset`.
+    pub fn flush_shards(&mut self) -> Vec<Option<Arc<Snapshot>>> {
+        let unchanged = vec![None; self.snapshots.len()];
         if !self.reset_seen {
-            return None;
+            return unchanged;
         }
         let mut pending = std::mem::take(&mut self.pending);
         if self.cfg.on_empty == OnEmpty::Remove {
@@ -168,46 +192,71 @@ impl Index {
         for (key, change) in pending {
             touched |= self.update(key, change);
         }
-        if !touched && self.snapshot.is_some() {
-            return None;
+        if !touched && self.snapshots.iter().all(Option::is_some) {
+            return unchanged;
         }
         if std::mem::take(&mut self.quarantine_dirty) {
             self.quarantine = self.build_quarantine();
         }
         self.metrics.quarantined.set(self.quarantine.len() as i64);
-        let snapshot = self.build();
-        if let Some(s) = &snapshot {
-            self.metrics.resources.set(s.len() as i64);
-            self.snapshot = Some(Arc::clone(s));
+        let published = self.build();
+        for (slot, new) in self.snapshots.iter_mut().zip(&published) {
+            if let Some(s) = new {
+                *slot = Some(Arc::clone(s));
+            }
         }
-        snapshot
+        let served: usize = self.snapshots.iter().flatten().map(|s| s.len()).sum();
+        self.metrics.resources.set(served as i64);
+        published
     }
 
-    /// The new served set, or `None` if it equals the published one. Few changed names are
-    /// applied to the published snapshot (sharing the rest of it, and letting delta streams diff
-    /// through its history); many, or a first snapshot, are built from every claim.
-    fn build(&mut self) -> Option<Arc<Snapshot>> {
+    /// Per shard, the new served set, or `None` if it equals the published one. Few changed
+    /// names are applied to the published snapshots (sharing the rest of them, and letting delta
+    /// streams diff through their history); many, or a first snapshot, are built from every
+    /// claim.
+    fn build(&mut self) -> Vec<Option<Arc<Snapshot>>> {
         let dirty = self.dirty.replace(BTreeSet::new());
-        let winner = |claims: &BTreeMap<ServiceKey, Arc<Entry>>| claims.values().next().cloned();
-        if let (Some(old), Some(dirty)) = (&self.snapshot, dirty) {
-            let changes = dirty
+        let count = self.snapshots.len();
+        let winner = |claims: &BTreeMap<ServiceKey, Arc<Entry>>| {
+            claims
+                .iter()
+                .next()
+                .map(|(key, e)| (shard_of(key, count), Arc::clone(e)))
+        };
+        if let (true, Some(dirty)) = (self.snapshots.iter().all(Option::is_some), dirty) {
+            // A name that moved shard (its winning key changed) is removed from the old one:
+            // every shard gets every dirty name, and a removal of a name it does not hold is
+            // no change.
+            let mut changes: Vec<Vec<Change>> = vec![Vec::new(); count];
+            for name in dirty {
+                let won = self.claims.get(&name).and_then(winner);
+                for (shard, list) in changes.iter_mut().enumerate() {
+                    let entry = won
+                        .as_ref()
+                        .filter(|(s, _)| *s == shard)
+                        .map(|(_, e)| Arc::clone(e));
+                    list.push((Arc::clone(&name), entry));
+                }
+            }
+            return changes
                 .into_iter()
-                .map(|name| {
-                    let entry = self.claims.get(&name).and_then(winner);
-                    (name, entry)
-                })
+                .zip(&self.snapshots)
+                .map(|(list, old)| old.as_ref()?.with_changes(list).map(Arc::new))
                 .collect();
-            return old.with_changes(changes).map(Arc::new);
         }
-        let snapshot = Snapshot::new(self.claims.values().filter_map(winner).collect());
-        if self
-            .snapshot
-            .as_ref()
-            .is_some_and(|old| old.version == snapshot.version)
-        {
-            return None;
+        let mut parts: Vec<Vec<Arc<Entry>>> = vec![Vec::new(); count];
+        for (shard, entry) in self.claims.values().filter_map(winner) {
+            parts[shard].push(entry);
         }
-        Some(Arc::new(snapshot))
+        parts
+            .into_iter()
+            .zip(&self.snapshots)
+            .map(|(entries, old)| {
+                let snapshot = Snapshot::new(entries);
+                let same = old.as_ref().is_some_and(|o| o.version == snapshot.version);
+                (!same).then(|| Arc::new(snapshot))
+            })
+            .collect()
     }
 
     /// Applies one change to the key's state; true if it may change what is served.
@@ -717,7 +766,9 @@ mod tests {
     /// Random upserts, removals and resets, with name collisions ("s-1" and "s_1" both make
     /// "ns/s-1") and invalid services: after every flush the published snapshot equals the one a
     /// fresh index builds from the services served (entries and version), and the quarantine
-    /// list equals one computed from every claim.
+    /// list equals one computed from every claim. An index of three shards fed the same events
+    /// serves the same entries split by the winning key's shard (a collision whose winner
+    /// changes moves its name between shards), each shard's version that of a fresh build.
     #[test]
     fn incremental_flushes_match_a_rebuild() {
         struct Rng(u64);
@@ -744,6 +795,11 @@ mod tests {
         let mut rng = Rng(0x853c_49e6_748f_ea9b);
         let valid = |s: &Service| s.ports[0].name != "Not Valid";
         let mut idx = mk_index();
+        let mut sharded = Index::with_shards(
+            crate::translate::test_config(OnEmpty::Keep, crate::vip::VipCidr::Off),
+            Metrics::new("test").expect("metrics"),
+            3,
+        );
         // Key -> (what the registry says now, the last valid version the index saw; like the
         // index, only the last event per key before a flush counts).
         let mut model: BTreeMap<String, (Service, Option<Service>)> = BTreeMap::new();
@@ -761,15 +817,18 @@ mod tests {
                     for s in &services {
                         pending.insert(s.key.name.clone(), Some(s.clone()));
                     }
-                    idx.apply(RegistryEvent::Reset(services));
+                    idx.apply(RegistryEvent::Reset(services.clone()));
+                    sharded.apply(RegistryEvent::Reset(services));
                 } else if op < 8 {
                     let key = rng.key();
                     pending.insert(key.clone(), None);
-                    idx.apply(RegistryEvent::Remove(ServiceKey::new(key)));
+                    idx.apply(RegistryEvent::Remove(ServiceKey::new(key.clone())));
+                    sharded.apply(RegistryEvent::Remove(ServiceKey::new(key)));
                 } else {
                     let s = rng.service();
                     pending.insert(s.key.name.clone(), Some(s.clone()));
-                    idx.apply(RegistryEvent::Upsert(s));
+                    idx.apply(RegistryEvent::Upsert(s.clone()));
+                    sharded.apply(RegistryEvent::Upsert(s));
                 }
             }
             for (key, change) in pending {
@@ -788,7 +847,27 @@ mod tests {
                 }
             }
             published += usize::from(idx.flush().is_some());
-            let current = idx.snapshot.clone().expect("published since round 0");
+            let current = idx.snapshots[0].clone().expect("published since round 0");
+            sharded.flush_shards();
+            for shard in 0..3 {
+                let part = sharded.snapshots[shard]
+                    .clone()
+                    .expect("every shard published");
+                let want: Vec<Arc<Entry>> = current
+                    .iter()
+                    .filter(|e| {
+                        let winner = idx.claims[&e.name].keys().next().expect("claimed");
+                        shard_of(winner, 3) == shard
+                    })
+                    .cloned()
+                    .collect();
+                assert!(part.iter().eq(want.iter()), "round {round} shard {shard}");
+                assert_eq!(
+                    part.version,
+                    Snapshot::new(want).version,
+                    "round {round} shard {shard}"
+                );
+            }
             let mut fresh = mk_index();
             fresh.apply(RegistryEvent::Reset(
                 model
@@ -814,6 +893,39 @@ mod tests {
             assert_eq!(idx.collided, collided, "round {round}");
         }
         assert!(published > 200, "{published} snapshots published");
+    }
+
+    /// `--shards`: the first flush publishes every shard (an empty one too); a change publishes
+    /// only the shard that holds it; a service lands in the shard `--shard i/N` gives it.
+    #[test]
+    fn shards_publish_only_what_changed_in_them() {
+        let mut idx = Index::with_shards(
+            crate::translate::test_config(OnEmpty::Keep, crate::vip::VipCidr::Off),
+            Metrics::new("test").expect("metrics"),
+            4,
+        );
+        idx.apply(RegistryEvent::Reset(vec![mk_service("only", "10.0.0.1")]));
+        let first = idx.flush_shards();
+        assert!(
+            first.iter().all(Option::is_some),
+            "every shard is published"
+        );
+        let home = shard_of(&ServiceKey::new("only"), 4);
+        for (i, s) in first.iter().enumerate() {
+            let s = s.as_ref().expect("published");
+            assert_eq!(s.len(), usize::from(i == home), "shard {i}");
+        }
+        let keeps = |i: u64| crate::shard::Shard {
+            index: Some(crate::shard::ShardIndex { index: i, count: 4 }),
+            names: crate::filter::NameFilter::default(),
+        };
+        assert!(keeps(home as u64).keeps(&ServiceKey::new("only")));
+        idx.apply(RegistryEvent::Upsert(mk_service("only", "10.0.0.2")));
+        let next = idx.flush_shards();
+        for (i, s) in next.iter().enumerate() {
+            assert_eq!(s.is_some(), i == home, "shard {i}");
+        }
+        assert!(idx.flush_shards().iter().all(Option::is_none));
     }
 
     #[test]

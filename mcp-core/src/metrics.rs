@@ -34,6 +34,14 @@ pub struct Metrics {
     pub registry_problems: IntGauge,
     /// New snapshots published.
     pub snapshots: IntCounterVec,
+    /// `--shards`: per shard, resources served.
+    pub shard_resources: IntGaugeVec,
+    /// `--shards`: per shard, new snapshots published.
+    pub shard_snapshots: IntCounterVec,
+    /// `--shards`: per shard, open sink streams.
+    pub shard_sinks: IntGaugeVec,
+    /// `--shards`: per shard, encoded bytes of responses sent.
+    pub shard_push_bytes: IntCounterVec,
 }
 
 impl Metrics {
@@ -52,11 +60,12 @@ impl Metrics {
             registry.register(Box::new(g.clone()))?;
             Ok(g)
         };
-        let sinks = IntGaugeVec::new(
-            Opts::new("mcp_adapter_connected_sinks", "Open sink streams."),
-            &["protocol"],
-        )?;
-        registry.register(Box::new(sinks.clone()))?;
+        let gauge_vec =
+            |name: &str, help: &str, l: &[&str]| -> Result<IntGaugeVec, prometheus::Error> {
+                let g = IntGaugeVec::new(Opts::new(name, help), l)?;
+                registry.register(Box::new(g.clone()))?;
+                Ok(g)
+            };
         Ok(Self {
             pushes: counter(
                 "mcp_adapter_pushes_total",
@@ -83,7 +92,11 @@ impl Metrics {
                 "NACKs received from sinks.",
                 &["protocol", "type"],
             )?,
-            sinks,
+            sinks: gauge_vec(
+                "mcp_adapter_connected_sinks",
+                "Open sink streams.",
+                &["protocol"],
+            )?,
             resources: gauge("mcp_adapter_resources", "ServiceEntries served.")?,
             quarantined: gauge(
                 "mcp_adapter_quarantined_resources",
@@ -116,6 +129,26 @@ impl Metrics {
                 "New served sets published.",
                 &["reason"],
             )?,
+            shard_resources: gauge_vec(
+                "mcp_adapter_shard_resources",
+                "ServiceEntries served by each shard (--shards).",
+                &["shard"],
+            )?,
+            shard_snapshots: counter(
+                "mcp_adapter_shard_snapshots_total",
+                "New served sets published by each shard (--shards).",
+                &["shard"],
+            )?,
+            shard_sinks: gauge_vec(
+                "mcp_adapter_shard_connected_sinks",
+                "Open sink streams of each shard (--shards).",
+                &["shard"],
+            )?,
+            shard_push_bytes: counter(
+                "mcp_adapter_shard_push_bytes_total",
+                "Encoded bytes of responses sent by each shard (--shards).",
+                &["shard"],
+            )?,
             registry,
         })
     }
@@ -147,6 +180,10 @@ mod tests {
         m.translation_warnings.with_label_values(&["label"]).inc();
         m.registry_errors.with_label_values(&["unavailable"]).inc();
         m.snapshots.with_label_values(&["change"]).inc();
+        m.shard_resources.with_label_values(&["0"]).set(1);
+        m.shard_snapshots.with_label_values(&["0"]).inc();
+        m.shard_sinks.with_label_values(&["0"]).inc();
+        m.shard_push_bytes.with_label_values(&["0"]).inc();
         let text = m.render();
         for name in [
             "mcp_adapter_pushes_total",
@@ -163,6 +200,10 @@ mod tests {
             "mcp_adapter_last_good_sync_age_seconds",
             "mcp_adapter_registry_problems",
             "mcp_adapter_snapshots_total",
+            "mcp_adapter_shard_resources",
+            "mcp_adapter_shard_snapshots_total",
+            "mcp_adapter_shard_connected_sinks",
+            "mcp_adapter_shard_push_bytes_total",
         ] {
             assert!(
                 text.contains(&format!("{name}{{")),

@@ -36,6 +36,14 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// `--shards` asks for ports past 65535.
+    #[error("--shards {shards} from --listen {listen}: shard ports would pass 65535")]
+    ShardPorts {
+        /// `--listen`.
+        listen: SocketAddr,
+        /// `--shards`.
+        shards: usize,
+    },
     /// Metrics could not be set up.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -60,8 +68,10 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// A running adapter (for tests and embedding): addresses, and a way to stop it.
 #[derive(Debug)]
 pub struct Running {
-    /// Bound gRPC address.
+    /// Bound gRPC address (of shard 0 with `--shards`).
     pub grpc_addr: SocketAddr,
+    /// Every shard's bound gRPC address, in shard order (one without `--shards`).
+    pub grpc_addrs: Vec<SocketAddr>,
     /// Bound admin address.
     pub admin_addr: SocketAddr,
     /// Cancel to stop everything.
@@ -161,6 +171,29 @@ fn local(l: &tokio::net::TcpListener, fallback: SocketAddr) -> SocketAddr {
     l.local_addr().unwrap_or(fallback)
 }
 
+/// The gRPC listeners, one per shard: `listen`, then its port + 1, + 2, ... (each its own free
+/// port when `listen`'s port is 0).
+async fn bind_shards(
+    listen: SocketAddr,
+    shards: usize,
+) -> Result<Vec<(tokio::net::TcpListener, SocketAddr)>, RunError> {
+    let mut listeners = Vec::with_capacity(shards);
+    for i in 0..shards {
+        let mut addr = listen;
+        if listen.port() != 0 {
+            let port = u16::try_from(i)
+                .ok()
+                .and_then(|i| listen.port().checked_add(i))
+                .ok_or(RunError::ShardPorts { listen, shards })?;
+            addr.set_port(port);
+        }
+        let l = bind(addr).await?;
+        let bound = local(&l, addr);
+        listeners.push((l, bound));
+    }
+    Ok(listeners)
+}
+
 /// Binds both ports and starts the registry watch, the gRPC server and the admin server.
 pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running, RunError> {
     let metrics = Metrics::new(R::NAME)?;
@@ -183,13 +216,20 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         on_empty: args.on_empty,
         vip_cidr: args.vip_cidr.unwrap_or(R::DEFAULT_VIP_CIDR),
     };
-    let grpc = bind(args.listen).await?;
+    let shards = usize::from(args.shards.max(1));
+    let grpc = bind_shards(args.listen, shards).await?;
     let admin_listener = bind(args.admin_listen).await?;
-    let grpc_addr = local(&grpc, args.listen);
+    let grpc_addrs: Vec<SocketAddr> = grpc.iter().map(|(_, a)| *a).collect();
+    let grpc_addr = grpc_addrs[0];
     let admin_addr = local(&admin_listener, args.admin_listen);
 
     let shutdown = CancellationToken::new();
-    let (snap_tx, snap_rx) = watch::channel(None);
+    let (snap_txs, snap_rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| watch::channel(None)).unzip();
+    let state_files: Vec<PathBuf> = args
+        .state_file
+        .iter()
+        .flat_map(|p| (0..shards).map(|i| state_file::shard_path(p, i, shards)))
+        .collect();
     let status = SharedStatus::default();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -201,14 +241,14 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
 
     let mut tasks = JoinSet::new();
     let writer = Writer {
-        index: Index::new(cfg, metrics.clone()),
-        snapshots: snap_tx,
+        index: Index::with_shards(cfg, metrics.clone(), shards),
+        snapshots: snap_txs,
         status: status.clone(),
         metrics: metrics.clone(),
         coalesce: args.coalesce,
         health: health_reporter,
         shutdown: shutdown.clone(),
-        state_file: args.state_file.clone(),
+        state_files: state_files.clone(),
         shard: args.shard(),
     };
     // The writer is the only task that moves the served set forward: if it dies (a panic),
@@ -217,19 +257,13 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         writer.run(registry).await;
         Ok(())
     }));
-    if let Some(path) = args.state_file.clone() {
-        let (rx, stop) = (snap_rx.clone(), shutdown.clone());
+    for (path, rx) in state_files.into_iter().zip(&snap_rxs) {
+        let (rx, stop) = (rx.clone(), shutdown.clone());
         tasks.spawn(async move {
             state_file::keep_saved(path, rx, stop).await;
             Ok(())
         });
     }
-    let ctx = StreamContext {
-        snapshots: snap_rx.clone(),
-        metrics: metrics.clone(),
-        shutdown: shutdown.clone(),
-        max_message_size: args.max_message_size,
-    };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(TlsFiles {
             cert: cert.clone(),
@@ -239,14 +273,25 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         _ => None,
     };
     let tls_on = tls.is_some();
-    tasks.spawn(stop_all_on_exit(shutdown.clone(), async move {
-        Ok(server::serve(grpc, ctx, health_service, tls).await?)
-    }));
+    for (i, ((listener, _), rx)) in grpc.into_iter().zip(&snap_rxs).enumerate() {
+        let ctx = StreamContext {
+            snapshots: rx.clone(),
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+            max_message_size: args.max_message_size,
+            shard: (shards > 1).then(|| i.to_string()),
+        };
+        let (health, tls) = (health_service.clone(), tls.clone());
+        tasks.spawn(stop_all_on_exit(shutdown.clone(), async move {
+            Ok(server::serve(listener, ctx, health, tls).await?)
+        }));
+    }
     let state = AdminState {
         registry: R::NAME,
         source,
         status,
-        snapshots: snap_rx,
+        snapshots: snap_rxs,
+        grpc_addrs: grpc_addrs.clone(),
         metrics,
     };
     let admin_shutdown = shutdown.clone();
@@ -255,9 +300,10 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
             .await
             .map_err(RunError::Admin)
     }));
-    tracing::info!(registry = R::NAME, grpc = %grpc_addr, admin = %admin_addr, tls = tls_on, "Adapter started.");
+    tracing::info!(registry = R::NAME, grpc = %grpc_addr, shards, admin = %admin_addr, tls = tls_on, "Adapter started.");
     Ok(Running {
         grpc_addr,
+        grpc_addrs,
         admin_addr,
         shutdown,
         tasks,
@@ -276,13 +322,15 @@ async fn stop_all_on_exit(
 /// The single writer: owns the index and publishes snapshots.
 struct Writer {
     index: Index,
-    snapshots: watch::Sender<Option<Arc<Snapshot>>>,
+    /// One channel per shard (one without `--shards`).
+    snapshots: Vec<watch::Sender<Option<Arc<Snapshot>>>>,
     status: SharedStatus,
     metrics: Metrics,
     coalesce: Duration,
     health: tonic_health::server::HealthReporter,
     shutdown: CancellationToken,
-    state_file: Option<PathBuf>,
+    /// `--state-file`, one per shard (none without the flag).
+    state_files: Vec<PathBuf>,
     /// The services this adapter serves; the rest of the registry is dropped on arrival.
     shard: Shard,
 }
@@ -369,35 +417,42 @@ impl Writer {
     /// `--state-file`: serves the set saved by an earlier run until the registry answers, so an
     /// adapter restarted during a registry outage is not empty (and not unready).
     async fn restore(&mut self) {
-        let Some(path) = self.state_file.clone() else {
-            return;
-        };
-        match state_file::load(&path) {
-            Ok(Some(snapshot)) => {
-                let written = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-                tracing::info!(
-                    path = %path.display(),
-                    version = %snapshot.version,
-                    resources = snapshot.len(),
-                    "Serving the state saved by an earlier run until the registry answers."
-                );
-                {
-                    let mut st = self.status.lock();
-                    st.restored = true;
-                    st.last_good = written;
+        let mut restored = false;
+        let mut newest: Option<SystemTime> = None;
+        for (shard, path) in self.state_files.iter().enumerate() {
+            match state_file::load(path) {
+                Ok(Some(snapshot)) => {
+                    let written = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+                    tracing::info!(
+                        path = %path.display(),
+                        shard,
+                        version = %snapshot.version,
+                        resources = snapshot.len(),
+                        "Serving the state saved by an earlier run until the registry answers."
+                    );
+                    newest = newest.max(written);
+                    restored = true;
+                    self.snapshots[shard].send_replace(Some(Arc::new(snapshot)));
                 }
-                self.snapshots.send_replace(Some(Arc::new(snapshot)));
-                self.health
-                    .set_service_status("", tonic_health::ServingStatus::Serving)
-                    .await;
-            }
-            Ok(None) => {
-                tracing::info!(path = %path.display(), "No state file yet; it is written at every change.");
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "Ignoring the state file; waiting for the registry.");
+                Ok(None) => {
+                    tracing::info!(path = %path.display(), shard, "No state file yet; it is written at every change.");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, shard, "Ignoring the state file; waiting for the registry.");
+                }
             }
         }
+        if !restored {
+            return;
+        }
+        {
+            let mut st = self.status.lock();
+            st.restored = true;
+            st.last_good = newest;
+        }
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
     }
 
     async fn publish(&mut self) {
@@ -406,8 +461,16 @@ impl Writer {
             self.update_debug();
             return;
         }
-        if let Some(snapshot) = self.index.flush() {
+        let published = self.index.flush_shards();
+        let sharded = published.len() > 1;
+        let mut any = false;
+        for (shard, (snapshot, tx)) in published.into_iter().zip(&self.snapshots).enumerate() {
+            let Some(snapshot) = snapshot else {
+                continue;
+            };
+            any = true;
             tracing::info!(
+                shard,
                 version = %snapshot.version,
                 resources = snapshot.len(),
                 "Publishing a new served set."
@@ -416,18 +479,29 @@ impl Writer {
                 .snapshots
                 .with_label_values(&[if first { "initial" } else { "change" }])
                 .inc();
-            self.snapshots.send_replace(Some(snapshot));
-            if first {
-                {
-                    let mut st = self.status.lock();
-                    st.synced = true;
-                    st.restored = false;
-                }
-                self.health
-                    .set_service_status("", tonic_health::ServingStatus::Serving)
-                    .await;
-                tracing::info!("First sync from the registry done; serving.");
+            if sharded {
+                let label = shard.to_string();
+                self.metrics
+                    .shard_snapshots
+                    .with_label_values(&[&label])
+                    .inc();
+                self.metrics
+                    .shard_resources
+                    .with_label_values(&[&label])
+                    .set(snapshot.len() as i64);
             }
+            tx.send_replace(Some(snapshot));
+        }
+        if any && first {
+            {
+                let mut st = self.status.lock();
+                st.synced = true;
+                st.restored = false;
+            }
+            self.health
+                .set_service_status("", tonic_health::ServingStatus::Serving)
+                .await;
+            tracing::info!("First sync from the registry done; serving.");
         }
         self.update_debug();
     }

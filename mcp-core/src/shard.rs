@@ -6,6 +6,9 @@
 //! namespaces, as /debug/resources shows it): a stable hash (`--shard 0/4`) or globs
 //! (`--shard-services`, `--shard-exclude-services`). Both are pure functions of the key, so
 //! every replica of a shard, and every restart, serves the same services.
+//!
+//! `--shards COUNT` serves the same split from one process: one registry watch and one index,
+//! shard `i` on its own port. A service lands in the same shard either way ([`shard_of`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -45,6 +48,15 @@ impl fmt::Display for ShardIndex {
     }
 }
 
+/// The shard of `count` that the service with this key belongs to: its key's xxh3 hash modulo
+/// `count` (xxh3 is specified and stable across versions and platforms).
+pub fn shard_of(key: &ServiceKey, count: usize) -> usize {
+    if count <= 1 {
+        return 0;
+    }
+    (xxhash_rust::xxh3::xxh3_64(key.to_string().as_bytes()) % count as u64) as usize
+}
+
 /// The services one adapter serves.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Shard {
@@ -65,12 +77,10 @@ impl Shard {
         if self.is_everything() {
             return true;
         }
-        let key = key.to_string();
-        self.names.allows(&key)
-            && self.index.is_none_or(|s| {
-                // xxh3 is specified and stable across versions and platforms.
-                xxhash_rust::xxh3::xxh3_64(key.as_bytes()) % s.count == s.index
-            })
+        self.names.allows(&key.to_string())
+            && self
+                .index
+                .is_none_or(|s| shard_of(key, s.count as usize) as u64 == s.index)
     }
 
     /// The event restricted to this shard; `None` if nothing of it belongs here. Problems are

@@ -29,10 +29,21 @@ impl Adapter {
 
     /// [`Adapter::start`] with extra environment variables.
     pub fn start_with_env(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Adapter {
+        Self::start_on(binary, free_addr(), args, env)
+    }
+
+    /// [`Adapter::start_with_env`] with the gRPC port `grpc` (`--shards n` needs the `n - 1`
+    /// ports after it free too: [`crate::free_addrs`]).
+    pub fn start_on(
+        binary: &str,
+        grpc: SocketAddr,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Adapter {
         let dir = tempfile::tempdir().expect("tempdir");
         let a = Adapter {
             process: Process::new(binary, dir.path(), Duration::from_millis(50)),
-            grpc: free_addr(),
+            grpc,
             admin: free_addr(),
             binary: binary.to_string(),
             args: args.iter().map(|s| s.to_string()).collect(),
@@ -73,6 +84,12 @@ impl Adapter {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+    }
+
+    /// [`Adapter::restart`] with other arguments (the same ports).
+    pub fn restart_with(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|s| s.to_string()).collect();
+        self.restart();
     }
 
     /// The process id, while it runs.

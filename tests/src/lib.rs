@@ -52,6 +52,29 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     p
 }
 
+/// `n` consecutive free ports on 127.0.0.1, first address returned (an adapter with
+/// `--shards n` listens on the `--listen` port and the `n - 1` after it).
+pub fn free_addrs(n: u16) -> SocketAddr {
+    for _ in 0..1000 {
+        let first = free_addr();
+        let all_free = (1..n).all(|i| {
+            first
+                .port()
+                .checked_add(i)
+                .is_some_and(|p| TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], p))).is_ok())
+        });
+        if all_free {
+            // The ports after the first are not handed out by `free_addr` again soon: its
+            // counter moves on past them.
+            for _ in 1..n {
+                let _ = free_addr();
+            }
+            return first;
+        }
+    }
+    panic!("no {n} consecutive free ports on 127.0.0.1");
+}
+
 /// A free loopback port for a peer to listen on, from below the kernel's ephemeral range.
 ///
 /// Not `bind(0)`: that hands out a port from the ephemeral range, which every outgoing

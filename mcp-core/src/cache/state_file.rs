@@ -117,6 +117,18 @@ pub async fn keep_saved(
     }
 }
 
+/// Where shard `shard` of `count` (`--shards`) keeps its set: `path` itself for one shard, else
+/// `path` with `.shard-<shard>-of-<count>` appended, so a different shard count never restores
+/// another split's sets (its services would land on the wrong ports).
+pub fn shard_path(path: &Path, shard: usize, count: usize) -> PathBuf {
+    if count <= 1 {
+        return path.to_path_buf();
+    }
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".shard-{shard}-of-{count}"));
+    PathBuf::from(name)
+}
+
 /// Reads the snapshot saved at `path`; `None` if there is no file.
 pub fn load(path: &Path) -> Result<Option<Snapshot>, StateFileError> {
     let corrupt = |reason: String| StateFileError::Corrupt {

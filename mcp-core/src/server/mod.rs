@@ -40,6 +40,9 @@ pub struct StreamContext {
     /// Largest response a sink accepts (`--max-message-size`); a larger one ends the stream
     /// with RESOURCE_EXHAUSTED instead of being sent.
     pub max_message_size: Option<usize>,
+    /// `--shards`: the shard this port serves (its `mcp_adapter_shard_*` label); `None` for
+    /// an unsharded source.
+    pub shard: Option<String>,
 }
 
 /// Errors starting the gRPC server.
@@ -142,6 +145,14 @@ async fn drive<P: Protocol>(
     let gauge = metrics.sinks.with_label_values(&[P::PROTOCOL]);
     gauge.inc();
     let _gauge = SinkGauge(gauge);
+    let shard_push_bytes = ctx.shard.as_ref().map(|s| {
+        let gauge = metrics.shard_sinks.with_label_values(&[s]);
+        gauge.inc();
+        (
+            SinkGauge(gauge),
+            metrics.shard_push_bytes.with_label_values(&[s]),
+        )
+    });
     let mut snapshots = ctx.snapshots;
     let mut engine = Engine::new(P::INCREMENTAL, P::served);
     let mut node: Option<String> = None;
@@ -216,6 +227,9 @@ async fn drive<P: Protocol>(
                 .push_bytes
                 .with_label_values(&[P::PROTOCOL])
                 .inc_by(resp.len() as u64);
+            if let Some((_, bytes)) = &shard_push_bytes {
+                bytes.inc_by(resp.len() as u64);
+            }
             // A sink that stopped reading blocks this send; shutdown must not wait on it.
             tokio::select! {
                 sent = tx.send(Ok(resp)) => if sent.is_err() {

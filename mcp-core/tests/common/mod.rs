@@ -81,15 +81,13 @@ impl Adapter {
     }
 
     pub async fn channel(&self) -> Channel {
-        tokio::time::timeout(
-            STEP,
-            Channel::from_shared(self.grpc_url())
-                .expect("url")
-                .connect(),
-        )
-        .await
-        .expect("connect timed out")
-        .expect("connect")
+        channel_to(self.grpc()).await
+    }
+
+    /// A SotW xDS stream to the gRPC port at `addr` (one shard's, with `--shards`).
+    pub async fn xds_at(&self, addr: SocketAddr) -> Raw<DiscoveryRequest, DiscoveryResponse> {
+        let mut c = AggregatedDiscoveryServiceClient::new(channel_to(addr).await);
+        open(|rx| async move { c.stream_aggregated_resources(rx).await }).await
     }
 
     /// Waits until /readyz answers `code`.
@@ -162,8 +160,7 @@ impl Adapter {
     // ---- raw streams ----
 
     pub async fn xds(&self) -> Raw<DiscoveryRequest, DiscoveryResponse> {
-        let mut c = AggregatedDiscoveryServiceClient::new(self.channel().await);
-        open(|rx| async move { c.stream_aggregated_resources(rx).await }).await
+        self.xds_at(self.grpc()).await
     }
 
     pub async fn delta(&self) -> Raw<DeltaDiscoveryRequest, DeltaDiscoveryResponse> {
@@ -187,6 +184,19 @@ impl Adapter {
         let mut c = AggregatedMeshConfigServiceClient::new(self.channel().await);
         open(|rx| async move { c.incremental_aggregated_resources(rx).await }).await
     }
+}
+
+/// A connected channel to the gRPC port at `addr`.
+pub async fn channel_to(addr: SocketAddr) -> Channel {
+    tokio::time::timeout(
+        STEP,
+        Channel::from_shared(format!("http://{addr}"))
+            .expect("url")
+            .connect(),
+    )
+    .await
+    .expect("connect timed out")
+    .expect("connect")
 }
 
 /// Opens one bidirectional stream whose requests the test sends through `Raw::tx`.
