@@ -168,4 +168,30 @@ mod tests {
         assert!(message_size("0").is_err());
         assert!(message_size("big").is_err());
     }
+
+    #[derive(clap::Parser)]
+    struct Args {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<CommonArgs, String> {
+        <Args as clap::Parser>::try_parse_from(
+            std::iter::once("adapter").chain(args.iter().copied()),
+        )
+        .map(|a| a.common)
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn shards_are_one_to_sixty_four_and_exclude_a_single_shard() {
+        assert_eq!(parse(&[]).map(|a| a.shards), Ok(1));
+        assert_eq!(parse(&["--shards", "8"]).map(|a| a.shards), Ok(8));
+        for bad in ["0", "65", "x"] {
+            let e = parse(&["--shards", bad]).expect_err(bad);
+            assert!(e.contains("--shards"), "{e}");
+        }
+        let e = parse(&["--shards", "2", "--shard", "0/2"]).expect_err("both");
+        assert!(e.contains("cannot be used with"), "{e}");
+    }
 }

@@ -177,15 +177,18 @@ async fn bind_shards(
     listen: SocketAddr,
     shards: usize,
 ) -> Result<Vec<(tokio::net::TcpListener, SocketAddr)>, RunError> {
+    let last = u16::try_from(shards.saturating_sub(1))
+        .ok()
+        .and_then(|n| listen.port().checked_add(n));
+    if listen.port() != 0 && last.is_none() {
+        return Err(RunError::ShardPorts { listen, shards });
+    }
     let mut listeners = Vec::with_capacity(shards);
     for i in 0..shards {
         let mut addr = listen;
         if listen.port() != 0 {
-            let port = u16::try_from(i)
-                .ok()
-                .and_then(|i| listen.port().checked_add(i))
-                .ok_or(RunError::ShardPorts { listen, shards })?;
-            addr.set_port(port);
+            // In range: checked above.
+            addr.set_port(listen.port() + i as u16);
         }
         let l = bind(addr).await?;
         let bound = local(&l, addr);

@@ -227,3 +227,22 @@ async fn each_shard_restores_its_own_saved_set() {
     third.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn shard_ports_past_65535_are_refused_before_binding() {
+    let mut args = test_args();
+    args.listen = "127.0.0.1:65534".parse().expect("addr");
+    args.shards = 3;
+    let (registry, _handle) = mcp_core::testing::fake_registry();
+    let err = mcp_core::runtime::start(registry, args)
+        .await
+        .expect_err("ports past 65535");
+    assert!(
+        matches!(
+            err,
+            mcp_core::runtime::RunError::ShardPorts { shards: 3, .. }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("65535"), "{err}");
+}
