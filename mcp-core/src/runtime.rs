@@ -44,6 +44,18 @@ pub enum RunError {
         /// `--shards`.
         shards: usize,
     },
+    /// `--admin-listen` is one of the shard ports.
+    #[error("--admin-listen {admin} is one of the --shards {shards} gRPC ports from --listen {listen}: move it below them (e.g. port {below})")]
+    AdminInShardPorts {
+        /// `--admin-listen`.
+        admin: SocketAddr,
+        /// `--listen`.
+        listen: SocketAddr,
+        /// `--shards`.
+        shards: usize,
+        /// A port just below the shard ports.
+        below: u16,
+    },
     /// Metrics could not be set up.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -220,6 +232,18 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         vip_cidr: args.vip_cidr.unwrap_or(R::DEFAULT_VIP_CIDR),
     };
     let shards = usize::from(args.shards.max(1));
+    let (listen, admin) = (args.listen, args.admin_listen);
+    if shards > 1
+        && listen.port() != 0
+        && (listen.port()..listen.port().saturating_add(shards as u16)).contains(&admin.port())
+    {
+        return Err(RunError::AdminInShardPorts {
+            admin,
+            listen,
+            shards,
+            below: listen.port().saturating_sub(1),
+        });
+    }
     let grpc = bind_shards(args.listen, shards).await?;
     let admin_listener = bind(args.admin_listen).await?;
     let grpc_addrs: Vec<SocketAddr> = grpc.iter().map(|(_, a)| *a).collect();

@@ -246,3 +246,22 @@ async fn shard_ports_past_65535_are_refused_before_binding() {
     );
     assert!(err.to_string().contains("65535"), "{err}");
 }
+
+/// The binaries' default ports are 15051 (gRPC) and 15052 (admin): `--shards 4` alone would put
+/// shard 1 on the admin port. The error says which flag to move and where.
+#[tokio::test]
+async fn an_admin_port_among_the_shard_ports_is_refused_with_a_way_out() {
+    let mut args = test_args();
+    args.listen = "127.0.0.1:15051".parse().expect("addr");
+    args.admin_listen = "127.0.0.1:15052".parse().expect("addr");
+    args.shards = 4;
+    let (registry, _handle) = mcp_core::testing::fake_registry();
+    let err = mcp_core::runtime::start(registry, args)
+        .await
+        .expect_err("admin port among the shard ports");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--admin-listen 127.0.0.1:15052") && msg.contains("port 15050"),
+        "{msg}"
+    );
+}

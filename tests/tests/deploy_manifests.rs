@@ -62,8 +62,24 @@ fn strict_dry_run(kube: &KubeApiServer, obj: &Value) -> Result<(), String> {
     }
 }
 
+/// The `--shards=N` of adapter `a`'s Deployment (1 without the flag), read from its file.
+fn shards_of(a: &str) -> u64 {
+    let path = dir().join(format!("adapter-{a}.yaml"));
+    let deployment = documents(&path)
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap_or_else(|| panic!("{}: no Deployment", path.display()));
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find_map(|a| a.strip_prefix("--shards="))
+        .map_or(1, |n| n.parse().expect("--shards=N"))
+}
+
 /// istiod-meshconfig.yaml is a Helm values fragment (no apiVersion/kind): `k8s://` first, then
-/// every adapter's Service.
+/// every shard of every adapter's Service (one source per port of its `--shards`).
 fn check_meshconfig(path: &Path) {
     let text = std::fs::read_to_string(path).expect("read istiod-meshconfig.yaml");
     let values: Value = serde_yaml::from_str(&text).expect("istiod-meshconfig.yaml is YAML");
@@ -78,14 +94,23 @@ fn check_meshconfig(path: &Path) {
         Some(&"k8s://"),
         "k8s:// first: {sources:?}"
     );
+    let mut listed = 1;
     for a in ADAPTERS {
-        let want = format!("xds://adapter-{a}.{NS}.svc:{MCP_PORT}");
-        let at = sources
-            .iter()
-            .position(|s| *s == want)
-            .unwrap_or_else(|| panic!("{want} missing from configSources {sources:?}"));
-        assert!(at > 0, "{want} before k8s://");
+        for shard in 0..shards_of(a) {
+            let want = format!("xds://adapter-{a}.{NS}.svc:{}", MCP_PORT + shard);
+            let at = sources
+                .iter()
+                .position(|s| *s == want)
+                .unwrap_or_else(|| panic!("{want} missing from configSources {sources:?}"));
+            assert!(at > 0, "{want} before k8s://");
+            listed += 1;
+        }
     }
+    assert_eq!(
+        sources.len(),
+        listed,
+        "only k8s:// and the adapters' shards: {sources:?}"
+    );
 }
 
 #[test]
@@ -198,6 +223,23 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
             args.contains(&"--listen=0.0.0.0:15051"),
             "{name}: args {args:?}"
         );
+        // `--shards`: one gRPC port per shard from 15051 up, named, and the admin port not
+        // among them (the adapter refuses to start otherwise).
+        let shards = shards_of(a);
+        let mcp_ports: Vec<u64> = (0..shards).map(|i| MCP_PORT + i).collect();
+        assert!(
+            !mcp_ports.contains(&admin_port),
+            "{name}: admin port {admin_port} among the shard ports {mcp_ports:?}"
+        );
+        for (i, port) in mcp_ports.iter().enumerate() {
+            let named = c["ports"]
+                .as_array()
+                .expect("ports")
+                .iter()
+                .find(|p| p["name"] == format!("grpc-mcp-{i}"))
+                .unwrap_or_else(|| panic!("{name}: no container port grpc-mcp-{i}"));
+            assert_eq!(named["containerPort"], *port, "{name}: grpc-mcp-{i}");
+        }
         assert!(
             args.contains(&format!("--admin-listen=0.0.0.0:{admin_port}").as_str()),
             "{name}: args {args:?}"
@@ -248,10 +290,17 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
         assert_eq!(s["spec"]["type"], "ClusterIP", "{name}");
         assert_eq!(s["spec"]["selector"], selector, "{name}: service selector");
         let ports = s["spec"]["ports"].as_array().expect("service ports");
-        assert_eq!(ports.len(), 1, "{name}: only the MCP port: {ports:?}");
-        assert_eq!(ports[0]["port"], MCP_PORT, "{name}");
-        assert_eq!(ports[0]["name"], "grpc-mcp", "{name}");
-        assert_eq!(ports[0]["appProtocol"], "grpc", "{name}");
+        assert_eq!(
+            ports.len(),
+            mcp_ports.len(),
+            "{name}: only the MCP ports, one per shard: {ports:?}"
+        );
+        for (i, (p, want)) in ports.iter().zip(&mcp_ports).enumerate() {
+            assert_eq!(p["port"], *want, "{name}: {p}");
+            assert_eq!(p["name"], format!("grpc-mcp-{i}"), "{name}: {p}");
+            assert_eq!(p["targetPort"], format!("grpc-mcp-{i}"), "{name}: {p}");
+            assert_eq!(p["appProtocol"], "grpc", "{name}: {p}");
+        }
 
         let np = get(&kube, &policies, &name);
         let spec = &np["spec"];
@@ -269,6 +318,18 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
             })
             .collect();
         assert_eq!(mcp_rules.len(), 1, "{name}: one rule for 15051: {rules:?}");
+        let mcp_port_rule = mcp_rules[0]["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .find(|p| p["port"] == MCP_PORT)
+            .expect("the 15051 entry");
+        let last = mcp_ports.last().copied().unwrap_or(MCP_PORT);
+        assert_eq!(
+            mcp_port_rule["endPort"].as_u64().unwrap_or(MCP_PORT),
+            last,
+            "{name}: the rule covers every shard port: {mcp_port_rule}"
+        );
         let peers = mcp_rules[0]["from"].as_array().expect("from");
         assert_eq!(peers.len(), 1, "{name}: istiod only: {peers:?}");
         assert_eq!(
