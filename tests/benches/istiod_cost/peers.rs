@@ -119,7 +119,12 @@ pub struct Istiod {
 
 impl Istiod {
     /// Spawns istiod with its log in `dir/istiod.log`; does not wait.
-    pub fn spawn(sources: &[SocketAddr], kubeconfig: &Path, dir: &Path) -> Istiod {
+    pub fn spawn(
+        sources: &[SocketAddr],
+        kubeconfig: &Path,
+        dir: &Path,
+        env: &[(String, String)],
+    ) -> Istiod {
         let mut mesh = String::from(
             "enableAutoMtls: false\ndefaultProviders:\n  metrics: []\naccessLogFile: \"/dev/stdout\"\nconfigSources:\n- address: \"k8s://\"\n",
         );
@@ -151,7 +156,8 @@ impl Istiod {
                 .env("POD_NAME", "istiod-test")
                 .env("REVISION", "default")
                 .env("PILOT_ENABLE_ALPN_FILTER", "false")
-                .env("PILOT_ENABLE_METADATA_EXCHANGE", "false"),
+                .env("PILOT_ENABLE_METADATA_EXCHANGE", "false")
+                .envs(env.iter().map(|(k, v)| (k, v))),
         );
         Istiod {
             process,
