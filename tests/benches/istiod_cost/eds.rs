@@ -88,10 +88,11 @@ impl EdsWatch {
                 .build()
                 .expect("runtime");
             rt.block_on(async move {
-                let Ok(channel) = tonic::transport::Endpoint::from_shared(format!("http://{istiod}"))
-                    .expect("endpoint")
-                    .connect()
-                    .await
+                let Ok(channel) =
+                    tonic::transport::Endpoint::from_shared(format!("http://{istiod}"))
+                        .expect("endpoint")
+                        .connect()
+                        .await
                 else {
                     return;
                 };

@@ -205,7 +205,10 @@ fn mean(samples: &[f64]) -> f64 {
 }
 
 fn log(msg: &str) {
-    eprintln!("[istiod_cost {}] {msg}", command_line("date", &["+%H:%M:%S"]));
+    eprintln!(
+        "[istiod_cost {}] {msg}",
+        command_line("date", &["+%H:%M:%S"])
+    );
 }
 
 /// The adapters of a way, and the gRPC addresses istiod reads.
@@ -264,7 +267,9 @@ fn settle(istiod: &Istiod, ticks: f64, ms_per_s: f64, max: Duration) -> (bool, f
             return (true, t.elapsed().as_secs_f64());
         }
         if t.elapsed() > max {
-            log(&format!("istiod still busy ({rate:.0} CPU-ms/s) after {max:?}"));
+            log(&format!(
+                "istiod still busy ({rate:.0} CPU-ms/s) after {max:?}"
+            ));
             return (false, t.elapsed().as_secs_f64());
         }
     }
@@ -371,10 +376,9 @@ fn run(knobs: &Knobs, root: &std::path::Path, way: Way, n: usize, ticks: f64) ->
     let (c0, b0, t) = (istiod.cpu_ticks(), received(&meters), Instant::now());
     settle(&istiod, ticks, 30.0, Duration::from_secs(60));
     let drain_s = t.elapsed().as_secs_f64();
-    let drain_cpu =
-        (istiod.cpu_ticks() - c0) as f64 / ticks * 1e3 - idle_ms_per_s * drain_s;
-    let drain_bytes = (received(&meters) - b0) as f64
-        - idle_bytes_per_window * drain_s / w.as_secs_f64();
+    let drain_cpu = (istiod.cpu_ticks() - c0) as f64 / ticks * 1e3 - idle_ms_per_s * drain_s;
+    let drain_bytes =
+        (received(&meters) - b0) as f64 - idle_bytes_per_window * drain_s / w.as_secs_f64();
     let cpu_mean = mean(&cpu) + drain_cpu / cpu.len().max(1) as f64;
     let bytes_mean = mean(&bytes) + drain_bytes / bytes.len().max(1) as f64;
     let full_pushes = istiod.log_count("XDS: Pushing Services") - full0;
@@ -389,7 +393,11 @@ fn run(knobs: &Knobs, root: &std::path::Path, way: Way, n: usize, ticks: f64) ->
     let first = changed_address(k);
     let t0 = Instant::now();
     if watch
-        .wait_for(&first, t0 - Duration::from_secs(1), Duration::from_secs(120))
+        .wait_for(
+            &first,
+            t0 - Duration::from_secs(1),
+            Duration::from_secs(120),
+        )
         .is_none()
     {
         panic!(

@@ -63,7 +63,10 @@ pub fn changed_address(k: usize) -> String {
 
 /// Endpoints of service `i` as (address, version, zone, locality); `change` replaces endpoint
 /// 0's address.
-fn endpoints(i: usize, change: Option<usize>) -> Vec<(String, &'static str, &'static str, &'static str)> {
+fn endpoints(
+    i: usize,
+    change: Option<usize>,
+) -> Vec<(String, &'static str, &'static str, &'static str)> {
     (0..EPS)
         .map(|j| {
             let (v, z, l) = LABELS[(i + j) % LABELS.len()];
@@ -232,7 +235,11 @@ pub fn create_all(kube: &KubeApiServer, services: usize, dir: &Path) {
             created,
             end - first,
             "bulk create {first}..{end}: {created} created; statuses {:?}; stderr {}",
-            codes.lines().filter(|c| c.trim() != "201").take(5).collect::<Vec<_>>(),
+            codes
+                .lines()
+                .filter(|c| c.trim() != "201")
+                .take(5)
+                .collect::<Vec<_>>(),
             String::from_utf8_lossy(&out.stderr)
         );
     }
