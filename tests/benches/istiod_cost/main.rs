@@ -5,7 +5,7 @@
 //!   (chunk files of 1000 services) plus a small file holding the one service that changes, read
 //!   by istiod as one `xds://` config source;
 //! - **shards**: the same set as S shards (S `adapter-file --shard i/S` processes reading the
-//!   same files, or one `--shards S` process once that flag exists: see [`ONE_PROCESS_SHARDS`]),
+//!   same files, or one `--shards S` process: see [`ONE_PROCESS_SHARDS`]),
 //!   S `xds://` config sources;
 //! - **crd**: the same ServiceEntries as `networking.istio.io/v1` objects in the API server, read
 //!   through `k8s://` only; a change is one merge PATCH of one object's endpoints.
@@ -68,9 +68,10 @@ use crate::eds::EdsWatch;
 use crate::peers::{kubeconfig_via, received, Istiod, Meter};
 use crate::registry::{changed_address, cluster, Inventory, CHANGED, NAMESPACE};
 
-/// `true` once every adapter has `--shards S` (one process serving S shards, shard i on the
-/// `--listen` port + i): the shards way then starts one process instead of S `--shard i/S` ones.
-const ONE_PROCESS_SHARDS: bool = false;
+/// The shards way runs one process with `--shards S` (one registry watch, shard i on the
+/// `--listen` port + i); `false` runs S `--shard i/S` processes instead, each watching the whole
+/// registry.
+const ONE_PROCESS_SHARDS: bool = true;
 
 /// adapter-file's poll interval in the file and shards ways.
 const POLL: &str = "100ms";
@@ -230,7 +231,16 @@ fn start_adapters(way: Way, inv: &Inventory, shards: usize) -> (Vec<Adapter>, Ve
     };
     let adapters: Vec<Adapter> = match way {
         Way::File => vec![start(&[])],
-        Way::Shards if ONE_PROCESS_SHARDS => vec![start(&["--shards", &shards.to_string()])],
+        Way::Shards if ONE_PROCESS_SHARDS => {
+            let args: Vec<String> = base
+                .iter()
+                .map(|s| s.to_string())
+                .chain(["--shards".to_string(), shards.to_string()])
+                .collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let first = e2e::free_addrs(shards as u16);
+            vec![Adapter::start_on("adapter-file", first, &args, &[])]
+        }
         Way::Shards => (0..shards)
             .map(|i| start(&["--shard", &format!("{i}/{shards}")]))
             .collect(),
