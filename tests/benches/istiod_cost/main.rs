@@ -306,7 +306,7 @@ fn run(knobs: &Knobs, root: &std::path::Path, way: Way, n: usize, ticks: f64) ->
             (Vec::new(), Vec::new())
         }
         _ => {
-            log(&format!("starting {s} adapter-file process(es)"));
+            log(&format!("starting adapter-file: {s} source(s)"));
             start_adapters(way, inv.as_ref().expect("inventory"), knobs.shards)
         }
     };
