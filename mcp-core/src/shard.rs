@@ -54,7 +54,15 @@ pub fn shard_of(key: &ServiceKey, count: usize) -> usize {
     if count <= 1 {
         return 0;
     }
-    (xxhash_rust::xxh3::xxh3_64(key.to_string().as_bytes()) % count as u64) as usize
+    // The hash of the key's text (`namespace/name`, as it displays), streamed: no string is
+    // built per service when a full set is split.
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    if let Some(ns) = &key.namespace {
+        h.update(ns.as_bytes());
+        h.update(b"/");
+    }
+    h.update(key.name.as_bytes());
+    (h.digest() % count as u64) as usize
 }
 
 /// The services one adapter serves.

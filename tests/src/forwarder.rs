@@ -2,11 +2,12 @@
 //! each new connection goes to the next replica that accepts it (a replica that is down refuses
 //! and the next one is tried, as kube-proxy's endpoints drop a pod that is not ready), and bytes
 //! are copied both ways until either side closes. When a replica dies, its connections close,
-//! and the client's reconnect lands on a live one.
+//! and the client's reconnect lands on a live one. It counts the bytes the replicas sent back
+//! (what a client such as istiod received through it).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +18,8 @@ pub struct Forwarder {
     stop: Arc<AtomicBool>,
     /// Connections made so far, per replica index.
     picks: Arc<Mutex<Vec<usize>>>,
+    /// Bytes copied from the replicas to the clients.
+    received: Arc<AtomicU64>,
 }
 
 impl Forwarder {
@@ -27,7 +30,8 @@ impl Forwarder {
         let stop = Arc::new(AtomicBool::new(false));
         let picks = Arc::new(Mutex::new(vec![0; replicas.len()]));
         let next = Arc::new(AtomicUsize::new(0));
-        let (s, p) = (stop.clone(), picks.clone());
+        let received = Arc::new(AtomicU64::new(0));
+        let (s, p, r) = (stop.clone(), picks.clone(), received.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
@@ -46,15 +50,25 @@ impl Forwarder {
                     continue;
                 };
                 p.lock().expect("picks")[idx] += 1;
-                pipe(client, upstream);
+                pipe(client, upstream, r.clone());
             }
         });
-        Forwarder { addr, stop, picks }
+        Forwarder {
+            addr,
+            stop,
+            picks,
+            received,
+        }
     }
 
     /// Connections forwarded so far to each replica.
     pub fn picks(&self) -> Vec<usize> {
         self.picks.lock().expect("picks").clone()
+    }
+
+    /// Bytes the replicas sent to clients so far.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
     }
 }
 
@@ -65,23 +79,27 @@ impl Drop for Forwarder {
     }
 }
 
-/// Copies both ways on two threads; when one direction ends, both sockets are shut down.
-fn pipe(a: TcpStream, b: TcpStream) {
-    let _ = a.set_nodelay(true);
-    let _ = b.set_nodelay(true);
-    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else {
+/// Copies both ways on two threads, counting what `upstream` sends into `received`; when one
+/// direction ends, both sockets are shut down.
+fn pipe(client: TcpStream, upstream: TcpStream, received: Arc<AtomicU64>) {
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let (Ok(c2), Ok(u2)) = (client.try_clone(), upstream.try_clone()) else {
         return;
     };
-    std::thread::spawn(move || copy(a, b));
-    std::thread::spawn(move || copy(b2, a2));
+    std::thread::spawn(move || copy(client, upstream, None));
+    std::thread::spawn(move || copy(u2, c2, Some(received)));
 }
 
-fn copy(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = [0u8; 64 * 1024];
+fn copy(mut from: TcpStream, mut to: TcpStream, count: Option<Arc<AtomicU64>>) {
+    let mut buf = vec![0u8; 256 * 1024];
     loop {
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                if let Some(c) = &count {
+                    c.fetch_add(n as u64, Ordering::Relaxed);
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     break;
                 }

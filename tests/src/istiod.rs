@@ -27,7 +27,8 @@ pub struct Istiod {
     pub http: SocketAddr,
     /// Plaintext xDS address.
     pub grpc: SocketAddr,
-    _dir: tempfile::TempDir,
+    /// The directory of its mesh config and log, when it is a temporary one of its own.
+    _dir: Option<tempfile::TempDir>,
 }
 
 /// How istiod is configured.
@@ -88,7 +89,23 @@ impl Istiod {
     /// [`Istiod::start`] configured by `config`.
     pub fn start_with(sources: &[SocketAddr], kubeconfig: &Path, config: &IstiodConfig) -> Istiod {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mesh_path = dir.path().join("mesh.yaml");
+        let mut istiod = Self::spawn_in(sources, kubeconfig, config, dir.path());
+        istiod._dir = Some(dir);
+        istiod.wait_until(Duration::from_secs(120), "/ready 200", || {
+            istiod.try_get("/ready").is_some_and(|(s, _)| s == 200)
+        });
+        istiod
+    }
+
+    /// Writes `mesh.yaml` into `dir` and starts istiod with its log in `dir/istiod.log`,
+    /// without waiting for it (benches that wait longer, or time the start themselves).
+    pub fn spawn_in(
+        sources: &[SocketAddr],
+        kubeconfig: &Path,
+        config: &IstiodConfig,
+        dir: &Path,
+    ) -> Istiod {
+        let mesh_path = dir.join("mesh.yaml");
         std::fs::write(&mesh_path, config.mesh_yaml(sources)).expect("write mesh.yaml");
         let http = free_addr();
         let grpc = free_addr();
@@ -117,20 +134,30 @@ impl Istiod {
                 .env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
         }
         let istiod = Istiod {
-            process: Process::new("istiod", dir.path(), Duration::from_millis(200)),
+            process: Process::new("istiod", dir, Duration::from_millis(200)),
             http,
             grpc,
-            _dir: dir,
+            _dir: None,
         };
         istiod
             .process
             .spawn(cmd.envs(config.env.iter().map(|(k, v)| (k, v))));
         istiod
-            .process
-            .wait_until(Duration::from_secs(120), "/ready 200", || {
-                istiod.try_get("/ready").is_some_and(|(s, _)| s == 200)
-            });
-        istiod
+    }
+
+    /// Waits (panicking with the log if istiod exits or `timeout` passes) until `ready` holds.
+    pub fn wait_until(&self, timeout: Duration, what: &str, ready: impl FnMut() -> bool) {
+        self.process.wait_until(timeout, what, ready);
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// Where its log is written.
+    pub fn log_path(&self) -> &Path {
+        self.process.log_path()
     }
 
     /// GET on the HTTP port; `None` when it cannot be reached.
@@ -171,6 +198,23 @@ impl Istiod {
     pub fn log_tail(&self, lines: usize) -> String {
         self.process.log_tail(lines)
     }
+}
+
+/// The ServiceEntries in istiod's `/debug/configz`.
+pub fn configz_entries(configz: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
+    configz
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["kind"] == "ServiceEntry")
+}
+
+/// `namespace/name` of every ServiceEntry in istiod's `/debug/configz`, sorted (a name held by
+/// two sources is listed twice).
+pub fn configz_service_entries(configz: &serde_json::Value) -> Vec<String> {
+    let mut v: Vec<String> = configz_entries(configz).map(crate::ns_name).collect();
+    v.sort();
+    v
 }
 
 /// Istio's CRDs (`manifests/charts/base/files/crd-all.gen.yaml` of the Istio module that

@@ -338,6 +338,14 @@ pub fn addresses_of(items: &[serde_json::Value], name: &str) -> Option<Vec<Strin
     find(items, name).map(endpoint_addresses)
 }
 
+/// A ServiceEntry file for adapter-file: `ns/<name>`, host `<name>.example.com`, HTTP port 80,
+/// one endpoint at `ip`.
+pub fn service_entry_yaml(name: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  hosts: [{name}.example.com]\n  resolution: STATIC\n  ports: [{{number: 80, name: http, protocol: HTTP}}]\n  endpoints: [{{address: {ip}}}]\n"
+    )
+}
+
 /// `namespace/name` of an object with Kubernetes metadata (an mcpctl item, an istiod config).
 pub fn ns_name(object: &serde_json::Value) -> String {
     format!(

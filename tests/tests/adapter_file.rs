@@ -4,13 +4,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e::{item_names as names, mcpctl_get as get, wait_for, workspace_bin, Adapter};
-
-fn se(name: &str, ip: &str) -> String {
-    format!(
-        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  hosts: [{name}.example.com]\n  resolution: STATIC\n  ports: [{{number: 80, name: http, protocol: HTTP}}]\n  endpoints: [{{address: {ip}}}]\n"
-    )
-}
+use e2e::{
+    item_names as names, mcpctl_get as get, service_entry_yaml as se, wait_for, workspace_bin,
+    Adapter,
+};
 
 /// Writes `docs` as one multi-document YAML file.
 fn write_docs(path: &Path, docs: &[String]) {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use e2e::consul::{Consul, Registration};
 use e2e::eureka::{Eureka, Instance};
-use e2e::istiod::Istiod;
+use e2e::istiod::{configz_entries, configz_service_entries, Istiod};
 use e2e::kube::{ready, service, slice, KubeApiServer};
 use e2e::zookeeper::{provider_path, Writer, ZooKeeper};
 use e2e::{endpoint_addresses, find, item_names, ns_name, wait_for, Adapter};
@@ -32,22 +32,6 @@ spec:
 /// What an adapter serves (through mcpctl, as any sink sees it), once `pred` holds.
 fn served(what: &str, a: &Adapter, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     e2e::wait_served(Duration::from_secs(60), what, &a.xds_url(), pred)
-}
-
-/// The ServiceEntries in istiod's /debug/configz.
-fn configz_entries(configz: &Value) -> impl Iterator<Item = &Value> {
-    configz
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["kind"] == "ServiceEntry")
-}
-
-/// `namespace/name` of every ServiceEntry in istiod's /debug/configz, sorted.
-fn configz_service_entries(configz: &Value) -> Vec<String> {
-    let mut v: Vec<String> = configz_entries(configz).map(ns_name).collect();
-    v.sort();
-    v
 }
 
 /// The ServiceEntry `name` (`namespace/name`) in istiod's /debug/configz.

@@ -8,24 +8,18 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use e2e::istiod::Istiod;
+use e2e::istiod::{configz_entries, configz_service_entries, Istiod};
 use e2e::kube::KubeApiServer;
-use e2e::{free_addrs, ns_name, wait_for, Adapter};
+use e2e::{free_addrs, ns_name, service_entry_yaml, wait_for, Adapter};
 
 const SERVICES: usize = 40;
-
-fn se(name: &str, ip: &str) -> String {
-    format!(
-        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  hosts: [{name}.example.com]\n  resolution: STATIC\n  ports: [{{number: 80, name: http, protocol: HTTP}}]\n  endpoints: [{{address: {ip}}}]\n"
-    )
-}
 
 fn write_services(dir: &Path) {
     for i in 0..SERVICES {
         let name = format!("svc-{i:02}");
         std::fs::write(
             dir.join(format!("{name}.yaml")),
-            se(&name, &format!("10.0.0.{}", i + 1)),
+            service_entry_yaml(&name, &format!("10.0.0.{}", i + 1)),
         )
         .expect("write");
     }
@@ -38,28 +32,16 @@ fn shard_addrs(first: SocketAddr, n: u16) -> Vec<SocketAddr> {
         .collect()
 }
 
-/// `namespace/name` of every ServiceEntry in istiod's /debug/configz, sorted (a name held by
-/// two sources is listed twice).
+/// `namespace/name` of every ServiceEntry istiod holds, sorted (twice if two sources hold it).
 fn configz_names(istiod: &Istiod) -> Vec<String> {
-    let c = istiod.debug("configz");
-    let mut v: Vec<String> = c
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["kind"] == "ServiceEntry")
-        .map(ns_name)
-        .collect();
-    v.sort();
-    v
+    configz_service_entries(&istiod.debug("configz"))
 }
 
 /// The endpoint addresses of `name` in istiod's /debug/configz.
 fn configz_endpoints(istiod: &Istiod, name: &str) -> Vec<String> {
     let c = istiod.debug("configz");
-    c.as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["kind"] == "ServiceEntry" && ns_name(c) == name)
+    configz_entries(&c)
+        .filter(|c| ns_name(c) == name)
         .flat_map(|c| {
             c["spec"]["endpoints"]
                 .as_array()
@@ -138,7 +120,11 @@ fn istiod_reads_the_shards_of_one_process_and_the_shard_count_changes_safely() {
     std::thread::sleep(Duration::from_secs(2));
     let updates = "pilot_inbound_updates";
     let before_change = istiod.metric(updates);
-    std::fs::write(files.path().join("svc-07.yaml"), se("svc-07", "10.9.9.9")).expect("write");
+    std::fs::write(
+        files.path().join("svc-07.yaml"),
+        service_entry_yaml("svc-07", "10.9.9.9"),
+    )
+    .expect("write");
     wait_for(Duration::from_secs(30), "the change in istiod", || {
         (configz_endpoints(&istiod, "ns/svc-07") == ["10.9.9.9"]).then_some(())
     });

@@ -65,8 +65,9 @@ use e2e::{target_dir, Adapter};
 use mcp_core::testing::bench::{clock_ticks, command_line, cores, cpu_model};
 
 use crate::eds::EdsWatch;
-use crate::peers::{kubeconfig_via, received, Istiod, Meter};
+use crate::peers::{kubeconfig_via, received, Istiod};
 use crate::registry::{changed_address, cluster, Inventory, CHANGED, NAMESPACE};
+use e2e::forwarder::Forwarder;
 
 /// The shards way runs one process with `--shards S` (one registry watch, shard i on the
 /// `--listen` port + i); `false` runs S `--shard i/S` processes instead, each watching the whole
@@ -313,10 +314,10 @@ fn run(knobs: &Knobs, root: &std::path::Path, way: Way, n: usize, ticks: f64) ->
     let setup_s = setup.elapsed().as_secs_f64();
     log(&format!("sources ready in {setup_s:.1} s"));
 
-    let kube_meter = Meter::start(kube.addr);
+    let kube_meter = Forwarder::start(vec![kube.addr]);
     let kubeconfig = dir.join("kubeconfig");
     kubeconfig_via(&kube, kube_meter.addr, &kubeconfig);
-    let mut meters: Vec<Meter> = addrs.iter().map(|a| Meter::start(*a)).collect();
+    let mut meters: Vec<Forwarder> = addrs.iter().map(|a| Forwarder::start(vec![*a])).collect();
     let sources: Vec<SocketAddr> = meters.iter().map(|m| m.addr).collect();
     meters.push(kube_meter);
 
