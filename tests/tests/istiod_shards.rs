@@ -114,6 +114,8 @@ fn istiod_reads_the_shards_of_one_process_and_the_shard_count_changes_safely() {
         || (configz_names(&istiod) == all_names()).then_some(()),
     );
     wait_sinks_on_every_shard(&a, 3);
+    // Steady: no registry error, /readyz 200, no snapshot while nothing changes.
+    a.assert_steady(Duration::from_secs(1));
 
     // A change reaches istiod through its shard (and counts as a config update there: the
     // signal that a restart below must not give).
@@ -148,6 +150,7 @@ fn istiod_reads_the_shards_of_one_process_and_the_shard_count_changes_safely() {
         "istiod saw config updates from a restart that changed nothing"
     );
     assert_eq!(configz_names(&istiod), all_names());
+    a.assert_steady(Duration::from_secs(1));
 
     // Changing the count the safe way: a second adapter with four shards beside the first,
     // istiod (a new replica, as a rollout starts it) with both sets of addresses, then one with
