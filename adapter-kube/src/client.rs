@@ -1,57 +1,16 @@
 //! Connecting to the API server the way kubectl does, and saying what a failed request means.
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::Client;
 use mcp_core::RegistryError;
 
 use crate::config::KubeConfig;
 
-/// Why no client could be built.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The kubeconfig named by `--kubeconfig` could not be read.
-    #[error("kubeconfig {path}: {source}")]
-    Kubeconfig {
-        /// The file.
-        path: String,
-        /// What went wrong.
-        source: kube::config::KubeconfigError,
-    },
-    /// Neither a kubeconfig nor the in-cluster environment gave a configuration.
-    #[error("no Kubernetes configuration: {0}")]
-    Infer(String),
-    /// The configuration could not be turned into a client (bad certificate, bad URL).
-    #[error("Kubernetes client: {0}")]
-    Build(#[from] kube::Error),
-}
+pub use mcp_core::kube_output::ClientError;
 
-/// A client for the cluster the flags name.
+/// A client for the cluster the flags name (kubectl's order; the same code as the Kubernetes
+/// output's).
 pub async fn connect(cfg: &KubeConfig) -> Result<Client, ClientError> {
-    let options = KubeConfigOptions {
-        context: cfg.context.clone(),
-        ..KubeConfigOptions::default()
-    };
-    let config = if let Some(path) = &cfg.kubeconfig {
-        let file = Kubeconfig::read_from(path).map_err(|source| ClientError::Kubeconfig {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Config::from_custom_kubeconfig(file, &options)
-            .await
-            .map_err(|source| ClientError::Kubeconfig {
-                path: path.display().to_string(),
-                source,
-            })?
-    } else if cfg.context.is_some() {
-        Config::from_kubeconfig(&options)
-            .await
-            .map_err(|e| ClientError::Infer(e.to_string()))?
-    } else {
-        Config::infer()
-            .await
-            .map_err(|e| ClientError::Infer(e.to_string()))?
-    };
-    Ok(Client::try_from(config)?)
+    mcp_core::kube_output::connect(cfg.kubeconfig.as_deref(), cfg.context.as_deref()).await
 }
 
 /// What the adapter was doing when a request failed, for the error message.

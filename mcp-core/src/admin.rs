@@ -53,6 +53,21 @@ pub async fn serve(
 /// Readiness: a state worth serving exists (synced once). Stays 200 through registry outages,
 /// with the staleness in the body; 503 only before the first sync.
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+    let (code, body) = readiness(&s);
+    (code, with_output_line(&s, body))
+}
+
+/// The body with the Kubernetes output's line (leadership, how far the API server is behind)
+/// when the output is on.
+fn with_output_line(s: &AdminState, mut body: String) -> String {
+    if let Some(o) = s.status.lock().output.as_ref() {
+        body.push_str(&o.summary());
+        body.push('\n');
+    }
+    body
+}
+
+fn readiness(s: &AdminState) -> (StatusCode, String) {
     let st = s.status.lock().clone();
     if !st.ready() {
         return (
@@ -97,7 +112,23 @@ fn last_error_suffix(e: Option<&str>) -> String {
 /// Registry health: 200 while the watch is in sync with the registry, 503 (with the reason)
 /// before the first sync and while it cannot be reached. For alerts and dashboards, not for a
 /// readiness probe (see `/readyz`).
+/// With the Kubernetes output on, the leader's failure to reach the API server makes it 503
+/// too: the mesh is then behind the registry.
 async fn registryz(State(s): State<AdminState>) -> impl IntoResponse {
+    let (mut code, body) = registry_health(&s);
+    let output_failing = s
+        .status
+        .lock()
+        .output
+        .as_ref()
+        .is_some_and(|o| o.leader && o.last_error.is_some());
+    if output_failing {
+        code = StatusCode::SERVICE_UNAVAILABLE;
+    }
+    (code, with_output_line(&s, body))
+}
+
+fn registry_health(s: &AdminState) -> (StatusCode, String) {
     let st = s.status.lock().clone();
     if st.healthy {
         (StatusCode::OK, format!("{} healthy\n", s.registry))
@@ -190,6 +221,9 @@ async fn debug_resources(State(s): State<AdminState>) -> impl IntoResponse {
         "quarantined": st.quarantine,
         "problems": st.problems,
     });
+    if let Some(o) = &st.output {
+        body["kubeOutput"] = o.to_json();
+    }
     if sharded {
         let shards: Vec<ShardView> = snapshots
             .iter()

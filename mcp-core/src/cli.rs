@@ -10,6 +10,9 @@ use crate::parse;
 use crate::shard::{Shard, ShardIndex};
 use crate::vip::VipCidr;
 
+mod output;
+pub use output::{Output, OutputArgs};
+
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -133,6 +136,10 @@ pub struct CommonArgs {
     /// PEM CA bundle: sinks must present a client certificate signed by it.
     #[arg(long, env = "MCP_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+
+    /// `--output` and the Kubernetes output's flags.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 impl CommonArgs {

@@ -15,6 +15,7 @@ pub mod filter;
 pub mod flags;
 pub mod http_client;
 pub mod index;
+pub mod kube_output;
 pub mod metrics;
 pub mod model;
 pub mod parse;

@@ -1,6 +1,6 @@
 //! Prometheus metrics, all named `mcp_adapter_*` and labelled with the `registry` type.
 
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// Every metric the adapter exports.
 #[derive(Clone, Debug)]
@@ -42,6 +42,21 @@ pub struct Metrics {
     pub shard_sinks: IntGaugeVec,
     /// `--shards`: per shard, encoded bytes of responses sent.
     pub shard_push_bytes: IntCounterVec,
+    /// Kubernetes output: requests to the API server, by verb and HTTP code.
+    pub kube_requests: IntCounterVec,
+    /// Kubernetes output: objects still to write or delete for the newest served set.
+    pub kube_pending: IntGauge,
+    /// Kubernetes output: seconds since the oldest change the API server does not hold yet
+    /// (0 when it holds the served set).
+    pub kube_lag: Gauge,
+    /// Kubernetes output: 1 while this replica holds the Lease (writes), else 0.
+    pub kube_leader: IntGauge,
+    /// Kubernetes output: this adapter's objects in the API server.
+    pub kube_objects: IntGauge,
+    /// Kubernetes output: served names held by someone else's object (left alone).
+    pub kube_conflicts: IntGauge,
+    /// Kubernetes output: objects the API server refused.
+    pub kube_rejected: IntGauge,
 }
 
 impl Metrics {
@@ -149,6 +164,39 @@ impl Metrics {
                 "Encoded bytes of responses sent by each shard (--shards).",
                 &["shard"],
             )?,
+            kube_requests: counter(
+                "mcp_adapter_kube_output_requests_total",
+                "Kubernetes output: requests to the API server, by verb and HTTP code.",
+                &["verb", "code"],
+            )?,
+            kube_pending: gauge(
+                "mcp_adapter_kube_output_pending",
+                "Kubernetes output: objects still to write or delete for the newest served set.",
+            )?,
+            kube_lag: {
+                let g = Gauge::new(
+                    "mcp_adapter_kube_output_lag_seconds",
+                    "Kubernetes output: seconds since the oldest change the API server does not hold yet.",
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            kube_leader: gauge(
+                "mcp_adapter_kube_output_leader",
+                "Kubernetes output: 1 while this replica holds the Lease and writes.",
+            )?,
+            kube_objects: gauge(
+                "mcp_adapter_kube_output_objects",
+                "Kubernetes output: this adapter's ServiceEntry objects in the API server.",
+            )?,
+            kube_conflicts: gauge(
+                "mcp_adapter_kube_output_conflicts",
+                "Kubernetes output: served names held by an object that is not this adapter's (left alone).",
+            )?,
+            kube_rejected: gauge(
+                "mcp_adapter_kube_output_rejected",
+                "Kubernetes output: objects the API server refused.",
+            )?,
             registry,
         })
     }
@@ -184,6 +232,7 @@ mod tests {
         m.shard_snapshots.with_label_values(&["0"]).inc();
         m.shard_sinks.with_label_values(&["0"]).inc();
         m.shard_push_bytes.with_label_values(&["0"]).inc();
+        m.kube_requests.with_label_values(&["apply", "200"]).inc();
         let text = m.render();
         for name in [
             "mcp_adapter_pushes_total",
@@ -204,6 +253,13 @@ mod tests {
             "mcp_adapter_shard_snapshots_total",
             "mcp_adapter_shard_connected_sinks",
             "mcp_adapter_shard_push_bytes_total",
+            "mcp_adapter_kube_output_requests_total",
+            "mcp_adapter_kube_output_pending",
+            "mcp_adapter_kube_output_lag_seconds",
+            "mcp_adapter_kube_output_leader",
+            "mcp_adapter_kube_output_objects",
+            "mcp_adapter_kube_output_conflicts",
+            "mcp_adapter_kube_output_rejected",
         ] {
             assert!(
                 text.contains(&format!("{name}{{")),

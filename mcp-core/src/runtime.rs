@@ -63,6 +63,9 @@ pub enum RunError {
     /// The admin server failed.
     #[error("admin server: {0}")]
     Admin(std::io::Error),
+    /// The Kubernetes output could not start.
+    #[error(transparent)]
+    Output(#[from] crate::kube_output::OutputError),
     /// A task panicked.
     #[error("task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
@@ -78,9 +81,10 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// A running adapter (for tests and embedding): addresses, and a way to stop it.
 #[derive(Debug)]
 pub struct Running {
-    /// Bound gRPC address (of shard 0 with `--shards`).
+    /// Bound gRPC address (of shard 0 with `--shards`; `--listen` unbound with `--output kube`).
     pub grpc_addr: SocketAddr,
-    /// Every shard's bound gRPC address, in shard order (one without `--shards`).
+    /// Every shard's bound gRPC address, in shard order (one without `--shards`, none with
+    /// `--output kube`).
     pub grpc_addrs: Vec<SocketAddr>,
     /// Bound admin address.
     pub admin_addr: SocketAddr,
@@ -231,7 +235,9 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
     };
     let shards = usize::from(args.shards.max(1));
     let (listen, admin) = (args.listen, args.admin_listen);
-    if shards > 1
+    let mcp_on = args.output.output.mcp();
+    if mcp_on
+        && shards > 1
         && listen.port() != 0
         && (listen.port()..listen.port().saturating_add(shards as u16)).contains(&admin.port())
     {
@@ -242,10 +248,15 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
             below: listen.port().saturating_sub(1),
         });
     }
-    let grpc = bind_shards(args.listen, shards).await?;
+    // `--output kube`: no MCP port at all.
+    let grpc = if mcp_on {
+        bind_shards(args.listen, shards).await?
+    } else {
+        Vec::new()
+    };
     let admin_listener = bind(args.admin_listen).await?;
     let grpc_addrs: Vec<SocketAddr> = grpc.iter().map(|(_, a)| *a).collect();
-    let grpc_addr = grpc_addrs[0];
+    let grpc_addr = grpc_addrs.first().copied().unwrap_or(args.listen);
     let admin_addr = local(&admin_listener, args.admin_listen);
 
     let shutdown = CancellationToken::new();
@@ -288,6 +299,30 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
             state_file::keep_saved(path, rx, stop).await;
             Ok(())
         });
+    }
+    if args.output.output.kube() {
+        let parts = crate::kube_output::OutputParts {
+            registry: R::NAME,
+            source: source.clone(),
+            namespace: args
+                .namespace
+                .clone()
+                .unwrap_or_else(|| R::DEFAULT_NAMESPACE.to_string()),
+            only_shard: args.shard.map(|s| (s.index as usize, s.count as usize)),
+            snapshots: snap_rxs.clone(),
+            status: status.clone(),
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+        };
+        let (elect, write) = crate::kube_output::start(&args.output, parts).await?;
+        tasks.spawn(async move {
+            elect.await;
+            Ok(())
+        });
+        tasks.spawn(stop_all_on_exit(shutdown.clone(), async move {
+            write.await;
+            Ok(())
+        }));
     }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(TlsFiles {

@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use crate::index::{Problems, Quarantined};
+use crate::kube_output::OutputStatus;
 
 /// Health of the source as the writer task last saw it.
 #[derive(Clone, Debug, Default)]
@@ -22,6 +23,8 @@ pub struct Status {
     pub quarantine: Vec<Quarantined>,
     /// Registry objects skipped as bad data.
     pub problems: Problems,
+    /// The Kubernetes output (`--output kube|both`).
+    pub output: Option<OutputStatus>,
 }
 
 impl Status {

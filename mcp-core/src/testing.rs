@@ -12,6 +12,10 @@ use std::sync::{Arc, Mutex};
 use futures::stream::BoxStream;
 use tokio::sync::mpsc;
 
+use proto::istio::networking::v1alpha3::{
+    service_entry, ServiceEntry, ServicePort, WorkloadEntry, WorkloadSelector,
+};
+
 use crate::cli::CommonArgs;
 use crate::model::{Endpoint, Port, Service, ServiceKey};
 use crate::registry::{Registry, RegistryError, RegistryEvent};
@@ -151,4 +155,49 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// A ServiceEntry with every field set (two ports, two endpoints, a workload selector), for
+/// rendering tests.
+pub fn filled_service_entry() -> ServiceEntry {
+    ServiceEntry {
+        hosts: vec!["api.example.com".into(), "api2.example.com".into()],
+        addresses: vec!["10.0.0.1/32".into()],
+        ports: vec![
+            ServicePort {
+                number: 443,
+                protocol: "TLS".into(),
+                name: "tls".into(),
+                target_port: 8443,
+            },
+            ServicePort {
+                number: 80,
+                protocol: "HTTP".into(),
+                name: "http".into(),
+                target_port: 0,
+            },
+        ],
+        location: service_entry::Location::MeshInternal as i32,
+        resolution: service_entry::Resolution::DnsRoundRobin as i32,
+        endpoints: vec![
+            WorkloadEntry {
+                address: "1.2.3.4".into(),
+                ports: [("tls".to_string(), 9443u32), ("http".to_string(), 8080)].into(),
+                labels: [("zone".to_string(), "a".to_string())].into(),
+                network: "net1".into(),
+                locality: "us/east".into(),
+                weight: 7,
+                service_account: "sa".into(),
+            },
+            WorkloadEntry {
+                address: "5.6.7.8".into(),
+                ..Default::default()
+            },
+        ],
+        export_to: vec![".".into()],
+        subject_alt_names: vec!["spiffe://x".into()],
+        workload_selector: Some(WorkloadSelector {
+            labels: [("app".to_string(), "db".to_string())].into(),
+        }),
+    }
 }

@@ -1,134 +1,20 @@
 //! Output: ServiceEntries as Istio JSON/YAML objects and as a `kubectl get`-style table.
 //!
-//! The JSON follows protojson (what `istioctl`, Istio's config store and the `adsc-watch` test
-//! peer print): lowerCamelCase field names, enum names as strings, and fields at their zero
-//! value omitted. That includes the zero enum values, so `location: MESH_EXTERNAL` and
-//! `resolution: NONE` do not appear, exactly as protojson renders them; spec JSON can therefore be
-//! compared directly with what a Go client prints.
+//! The spec JSON is `mcp_core::cache::json` (protojson, as a Go client prints it), the same
+//! renderer the adapters' Kubernetes output applies.
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use proto::istio::networking::v1alpha3::service_entry::{Location, Resolution};
-use proto::istio::networking::v1alpha3::{ServiceEntry, WorkloadEntry};
+pub use mcp_core::cache::json::{location_name, resolution_name, spec_json, API_VERSION};
 use serde_json::{json, Map, Value};
 
 use crate::sink::Received;
-
-/// `apiVersion` of rendered objects.
-pub const API_VERSION: &str = "networking.istio.io/v1";
-
-/// The name of a `location` value; unknown numbers print as numbers, as protojson does.
-pub fn location_name(v: i32) -> String {
-    Location::try_from(v)
-        .map(|l| l.as_str_name().to_string())
-        .unwrap_or_else(|_| v.to_string())
-}
-
-/// The name of a `resolution` value; unknown numbers print as numbers, as protojson does.
-pub fn resolution_name(v: i32) -> String {
-    Resolution::try_from(v)
-        .map(|r| r.as_str_name().to_string())
-        .unwrap_or_else(|_| v.to_string())
-}
-
-/// protojson prints an unknown enum number as a JSON number, a known one as its name.
-fn enum_json(name: String, v: i32) -> Value {
-    if name == v.to_string() {
-        Value::from(v)
-    } else {
-        Value::String(name)
-    }
-}
-
-fn put_strings(m: &mut Map<String, Value>, key: &str, v: &[String]) {
-    if !v.is_empty() {
-        m.insert(key.to_string(), json!(v));
-    }
-}
 
 fn put_str(m: &mut Map<String, Value>, key: &str, v: &str) {
     if !v.is_empty() {
         m.insert(key.to_string(), Value::String(v.to_string()));
     }
-}
-
-fn put_u32(m: &mut Map<String, Value>, key: &str, v: u32) {
-    if v != 0 {
-        m.insert(key.to_string(), Value::from(v));
-    }
-}
-
-/// A protobuf map as a JSON object with sorted keys (sorting keeps output stable whichever map
-/// type the generated code uses).
-fn put_map<'a, V, I>(m: &mut Map<String, Value>, key: &str, v: I)
-where
-    V: Clone + Into<Value> + 'a,
-    I: IntoIterator<Item = (&'a String, &'a V)>,
-{
-    let sorted: BTreeMap<&String, &V> = v.into_iter().collect();
-    if !sorted.is_empty() {
-        let obj: Map<String, Value> = sorted
-            .into_iter()
-            .map(|(k, v)| (k.clone(), v.clone().into()))
-            .collect();
-        m.insert(key.to_string(), Value::Object(obj));
-    }
-}
-
-fn endpoint_json(e: &WorkloadEntry) -> Value {
-    let mut m = Map::new();
-    put_str(&mut m, "address", &e.address);
-    put_map(&mut m, "ports", &e.ports);
-    put_map(&mut m, "labels", &e.labels);
-    put_str(&mut m, "network", &e.network);
-    put_str(&mut m, "locality", &e.locality);
-    put_u32(&mut m, "weight", e.weight);
-    put_str(&mut m, "serviceAccount", &e.service_account);
-    Value::Object(m)
-}
-
-/// The spec as Istio JSON (see the module docs for the protojson conventions).
-pub fn spec_json(spec: &ServiceEntry) -> Value {
-    let mut m = Map::new();
-    put_strings(&mut m, "hosts", &spec.hosts);
-    put_strings(&mut m, "addresses", &spec.addresses);
-    if !spec.ports.is_empty() {
-        let ports = spec
-            .ports
-            .iter()
-            .map(|p| {
-                let mut pm = Map::new();
-                put_u32(&mut pm, "number", p.number);
-                put_str(&mut pm, "protocol", &p.protocol);
-                put_str(&mut pm, "name", &p.name);
-                put_u32(&mut pm, "targetPort", p.target_port);
-                Value::Object(pm)
-            })
-            .collect();
-        m.insert("ports".to_string(), Value::Array(ports));
-    }
-    if spec.location != 0 {
-        let v = enum_json(location_name(spec.location), spec.location);
-        m.insert("location".to_string(), v);
-    }
-    if spec.resolution != 0 {
-        let v = enum_json(resolution_name(spec.resolution), spec.resolution);
-        m.insert("resolution".to_string(), v);
-    }
-    if !spec.endpoints.is_empty() {
-        let eps = spec.endpoints.iter().map(endpoint_json).collect();
-        m.insert("endpoints".to_string(), Value::Array(eps));
-    }
-    put_strings(&mut m, "exportTo", &spec.export_to);
-    put_strings(&mut m, "subjectAltNames", &spec.subject_alt_names);
-    if let Some(ws) = &spec.workload_selector {
-        // protojson prints a present message even when empty.
-        let mut wm = Map::new();
-        put_map(&mut wm, "labels", &ws.labels);
-        m.insert("workloadSelector".to_string(), Value::Object(wm));
-    }
-    Value::Object(m)
 }
 
 /// The whole object, as `kubectl get serviceentry -o json` prints it. Empty labels, annotations
@@ -315,114 +201,9 @@ pub fn rfc3339(t: SystemTime) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use proto::istio::networking::v1alpha3::{ServicePort, WorkloadSelector};
+    use mcp_core::testing::filled_service_entry as filled;
+    use proto::istio::networking::v1alpha3::ServiceEntry;
     use std::time::Duration;
-
-    fn filled() -> ServiceEntry {
-        ServiceEntry {
-            hosts: vec!["api.example.com".into(), "api2.example.com".into()],
-            addresses: vec!["10.0.0.1/32".into()],
-            ports: vec![
-                ServicePort {
-                    number: 443,
-                    protocol: "TLS".into(),
-                    name: "tls".into(),
-                    target_port: 8443,
-                },
-                ServicePort {
-                    number: 80,
-                    protocol: "HTTP".into(),
-                    name: "http".into(),
-                    target_port: 0,
-                },
-            ],
-            location: Location::MeshInternal as i32,
-            resolution: Resolution::DnsRoundRobin as i32,
-            endpoints: vec![
-                WorkloadEntry {
-                    address: "1.2.3.4".into(),
-                    ports: [("tls".to_string(), 9443u32), ("http".to_string(), 8080)].into(),
-                    labels: [("zone".to_string(), "a".to_string())].into(),
-                    network: "net1".into(),
-                    locality: "us/east".into(),
-                    weight: 7,
-                    service_account: "sa".into(),
-                },
-                WorkloadEntry {
-                    address: "5.6.7.8".into(),
-                    ..Default::default()
-                },
-            ],
-            export_to: vec![".".into()],
-            subject_alt_names: vec!["spiffe://x".into()],
-            workload_selector: Some(WorkloadSelector {
-                labels: [("app".to_string(), "db".to_string())].into(),
-            }),
-        }
-    }
-
-    #[test]
-    fn spec_json_of_filled_entry() {
-        let want = json!({
-            "hosts": ["api.example.com", "api2.example.com"],
-            "addresses": ["10.0.0.1/32"],
-            "ports": [
-                {"number": 443, "protocol": "TLS", "name": "tls", "targetPort": 8443},
-                {"number": 80, "protocol": "HTTP", "name": "http"}
-            ],
-            "location": "MESH_INTERNAL",
-            "resolution": "DNS_ROUND_ROBIN",
-            "endpoints": [
-                {
-                    "address": "1.2.3.4",
-                    "ports": {"http": 8080, "tls": 9443},
-                    "labels": {"zone": "a"},
-                    "network": "net1",
-                    "locality": "us/east",
-                    "weight": 7,
-                    "serviceAccount": "sa"
-                },
-                {"address": "5.6.7.8"}
-            ],
-            "exportTo": ["."],
-            "subjectAltNames": ["spiffe://x"],
-            "workloadSelector": {"labels": {"app": "db"}}
-        });
-        assert_eq!(spec_json(&filled()), want);
-    }
-
-    #[test]
-    fn spec_json_omits_zero_values() {
-        assert_eq!(spec_json(&ServiceEntry::default()), json!({}));
-        let se = ServiceEntry {
-            hosts: vec!["h".into()],
-            location: Location::MeshExternal as i32,
-            resolution: Resolution::None as i32,
-            ..Default::default()
-        };
-        assert_eq!(spec_json(&se), json!({"hosts": ["h"]}));
-    }
-
-    #[test]
-    fn enum_names() {
-        let names: Vec<String> = (0..5).map(resolution_name).collect();
-        assert_eq!(
-            names,
-            ["NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN", "DYNAMIC_DNS"]
-        );
-        assert_eq!(location_name(0), "MESH_EXTERNAL");
-        assert_eq!(location_name(1), "MESH_INTERNAL");
-        assert_eq!(resolution_name(42), "42");
-        let se = ServiceEntry {
-            resolution: 42,
-            location: 1,
-            ..Default::default()
-        };
-        assert_eq!(
-            spec_json(&se),
-            json!({"location": "MESH_INTERNAL", "resolution": 42})
-        );
-    }
 
     fn received(name: &str, spec: ServiceEntry) -> Received {
         let (ns, short) = name.split_once('/').unwrap();

@@ -183,6 +183,25 @@ impl Adapter {
         metric_sum(&self.get("/metrics").1, name)
     }
 
+    /// Sum of a metric's samples whose labels include `label` (`verb="apply"`).
+    pub fn metric_with(&self, name: &str, label: &str) -> f64 {
+        let text = self.get("/metrics").1;
+        let lines: String = text
+            .lines()
+            .filter(|l| l.contains(label))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        metric_sum(&lines, name)
+    }
+
+    /// Requests the Kubernetes output sent with `verb` (`apply`, `delete`, `list`), any answer.
+    pub fn kube_writes(&self, verb: &str) -> f64 {
+        self.metric_with(
+            "mcp_adapter_kube_output_requests_total",
+            &format!("verb=\"{verb}\""),
+        )
+    }
+
     /// Asserts that the adapter counted no registry error; `context` says when.
     pub fn assert_no_registry_errors(&self, context: &str) {
         assert_eq!(

@@ -42,6 +42,11 @@ pub struct IstiodConfig {
     /// sends: no Istio-only ALPN and metadata-exchange filters, no telemetry filters, and no
     /// auto mTLS (whose SDS secrets only istio-agent serves). Access logs on (Envoy's log).
     pub stock_envoy: bool,
+    /// Istio ambient on (`PILOT_ENABLE_AMBIENT=true`): istiod then serves ztunnel clients its
+    /// ambient index ([`crate::ztunnel`]). That index is built from the API server only, so it
+    /// needs `k8s://` among the sources ([`IstiodConfig::k8s_first`], Istio's CRDs applied);
+    /// see [`IstiodConfig::ambient()`].
+    pub ambient: bool,
     /// More environment variables (`PILOT_DEBOUNCE_AFTER=...`).
     pub env: Vec<(String, String)>,
 }
@@ -52,7 +57,18 @@ impl IstiodConfig {
         IstiodConfig {
             k8s_first: true,
             stock_envoy: true,
+            ambient: false,
             env: Vec::new(),
+        }
+    }
+
+    /// Istio ambient's control plane: `k8s://` first, then the adapters, with
+    /// `PILOT_ENABLE_AMBIENT=true` (ztunnel clients are refused without it).
+    pub fn ambient() -> IstiodConfig {
+        IstiodConfig {
+            k8s_first: true,
+            ambient: true,
+            ..IstiodConfig::default()
         }
     }
 
@@ -132,6 +148,9 @@ impl Istiod {
         if config.stock_envoy {
             cmd.env("PILOT_ENABLE_ALPN_FILTER", "false")
                 .env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
+        }
+        if config.ambient {
+            cmd.env("PILOT_ENABLE_AMBIENT", "true");
         }
         let istiod = Istiod {
             process: Process::new("istiod", dir, Duration::from_millis(200)),
@@ -215,6 +234,19 @@ pub fn configz_service_entries(configz: &serde_json::Value) -> Vec<String> {
     let mut v: Vec<String> = configz_entries(configz).map(crate::ns_name).collect();
     v.sort();
     v
+}
+
+/// The registries (`Kubernetes`, `External`, ...) istiod's `/debug/registryz` names for `host`
+/// in `namespace`.
+pub fn registries_of(registryz: &serde_json::Value, host: &str, namespace: &str) -> Vec<String> {
+    registryz
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["hostname"] == host && s["Attributes"]["Namespace"] == namespace)
+        .filter_map(|s| s["Attributes"]["ServiceRegistry"].as_str())
+        .map(str::to_string)
+        .collect()
 }
 
 /// Istio's CRDs (`manifests/charts/base/files/crd-all.gen.yaml` of the Istio module that

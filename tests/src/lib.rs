@@ -20,6 +20,7 @@ pub mod pki;
 pub mod process;
 pub mod registries;
 pub mod zookeeper;
+pub mod ztunnel;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -152,3 +152,48 @@ pub fn sidecar_scope(namespaces: &[&str]) -> Value {
 
 /// How long istiod and Envoy get to act on a configuration change before a test gives up.
 pub const CONFIG_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The ServiceEntry objects in namespace `ns` of `kube`, as stored.
+pub fn service_entries(kube: &KubeApiServer, ns: &str) -> Vec<Value> {
+    kube.get(&format!(
+        "/apis/networking.istio.io/v1/namespaces/{ns}/serviceentries"
+    ))
+    .and_then(|list| list["items"].as_array().cloned())
+    .unwrap_or_default()
+}
+
+/// The ServiceEntry objects of `kube` that adapter source `source` owns (its ownership labels),
+/// by `namespace/name`.
+pub fn owned_service_entries(
+    kube: &KubeApiServer,
+    source: &str,
+) -> std::collections::BTreeMap<String, Value> {
+    let selector =
+        format!("app.kubernetes.io/managed-by%3Dmcp-adapter,mcp-adapter/source%3D{source}");
+    kube.get(&format!(
+        "/apis/networking.istio.io/v1/serviceentries?labelSelector={selector}"
+    ))
+    .and_then(|list| list["items"].as_array().cloned())
+    .unwrap_or_default()
+    .into_iter()
+    .map(|o| (crate::ns_name(&o), o))
+    .collect()
+}
+
+/// `metadata.resourceVersion` of each object, by name.
+pub fn resource_versions(
+    objects: &std::collections::BTreeMap<String, Value>,
+) -> std::collections::BTreeMap<String, String> {
+    objects
+        .iter()
+        .map(|(k, o)| {
+            (
+                k.clone(),
+                o["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
+}

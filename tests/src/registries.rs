@@ -88,6 +88,8 @@ impl Served {
 pub trait Registry: Send {
     /// The adapter, and what it calls what it serves.
     fn served(&self) -> &Served;
+    /// The same, to restart the adapter.
+    fn served_mut(&mut self) -> &mut Served;
     /// Registers `inst` under `service` (or changes it: its health, its version).
     fn register(&mut self, service: &str, inst: &Instance);
     /// Removes instance `id` of `service` from the registry.
@@ -100,6 +102,10 @@ pub trait Registry: Send {
     /// The adapter reading it.
     fn adapter(&self) -> &Adapter {
         &self.served().adapter
+    }
+    /// The same, to restart it.
+    fn adapter_mut(&mut self) -> &mut Adapter {
+        &mut self.served_mut().adapter
     }
     /// The namespace of the ServiceEntries the adapter makes of it.
     fn namespace(&self) -> String {
@@ -144,11 +150,19 @@ pub struct FileRegistry {
 impl FileRegistry {
     /// Serves services on `port` from an inventory in a new directory (empty at first).
     pub fn start(port: u16) -> FileRegistry {
+        Self::start_with_args(port, &[])
+    }
+
+    /// [`FileRegistry::start`] with more adapter flags.
+    pub fn start_with_args(port: u16, extra: &[&str]) -> FileRegistry {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().display().to_string();
         let adapter = Adapter::start(
             "adapter-file",
-            &["--path", path.as_str(), "--poll-interval", "100ms"],
+            &with(
+                &["--path", path.as_str(), "--poll-interval", "100ms"],
+                extra,
+            ),
         );
         let r = FileRegistry {
             dir,
@@ -200,6 +214,9 @@ impl Registry for FileRegistry {
     fn served(&self) -> &Served {
         &self.served
     }
+    fn served_mut(&mut self) -> &mut Served {
+        &mut self.served
+    }
     fn register(&mut self, service: &str, inst: &Instance) {
         self.services.put(service, inst);
         self.write();
@@ -223,16 +240,24 @@ impl ConsulRegistry {
     /// is left out, as a mesh would: a sidecar without capture binds every TCP service port on
     /// 127.0.0.1, and here Consul itself holds that port on the same loopback.
     pub fn start() -> ConsulRegistry {
+        Self::start_with_args(&[])
+    }
+
+    /// [`ConsulRegistry::start`] with more adapter flags.
+    pub fn start_with_args(extra: &[&str]) -> ConsulRegistry {
         let consul = Consul::start(None);
         let addr = consul.addr();
         let adapter = Adapter::start(
             "adapter-consul",
-            &[
-                "--consul-addr",
-                addr.as_str(),
-                "--exclude-service",
-                "consul",
-            ],
+            &with(
+                &[
+                    "--consul-addr",
+                    addr.as_str(),
+                    "--exclude-service",
+                    "consul",
+                ],
+                extra,
+            ),
         );
         let served = Served::new(adapter, "consul", "consul", "service.consul");
         ConsulRegistry { consul, served }
@@ -242,6 +267,9 @@ impl ConsulRegistry {
 impl Registry for ConsulRegistry {
     fn served(&self) -> &Served {
         &self.served
+    }
+    fn served_mut(&mut self) -> &mut Served {
+        &mut self.served
     }
     fn register(&mut self, service: &str, inst: &Instance) {
         let mut r = Registration::new("n1", service, &inst.id, &inst.ip(), inst.addr.port())
@@ -270,10 +298,18 @@ pub struct ZkRegistry {
 impl ZkRegistry {
     /// Starts a server, a writer session and the adapter.
     pub fn start() -> ZkRegistry {
+        Self::start_with_args(&[])
+    }
+
+    /// [`ZkRegistry::start`] with more adapter flags.
+    pub fn start_with_args(extra: &[&str]) -> ZkRegistry {
         let zk = ZooKeeper::start();
         let writer = Writer::start(&zk);
         let servers = zk.servers();
-        let adapter = Adapter::start("adapter-zookeeper", &["--zk-servers", servers.as_str()]);
+        let adapter = Adapter::start(
+            "adapter-zookeeper",
+            &with(&["--zk-servers", servers.as_str()], extra),
+        );
         ZkRegistry {
             zk,
             writer,
@@ -325,6 +361,9 @@ impl Registry for ZkRegistry {
     fn served(&self) -> &Served {
         &self.served
     }
+    fn served_mut(&mut self) -> &mut Served {
+        &mut self.served
+    }
     fn register(&mut self, service: &str, inst: &Instance) {
         self.writer.create_e(
             &format!("/services/{service}/{}", inst.id),
@@ -348,11 +387,19 @@ pub struct EurekaRegistry {
 impl EurekaRegistry {
     /// Starts a server and the adapter.
     pub fn start() -> EurekaRegistry {
+        Self::start_with_args(&[])
+    }
+
+    /// [`EurekaRegistry::start`] with more adapter flags.
+    pub fn start_with_args(extra: &[&str]) -> EurekaRegistry {
         let eureka = Eureka::start();
         let url = eureka.url();
         let adapter = Adapter::start(
             "adapter-eureka",
-            &["--eureka-url", url.as_str(), "--refresh-interval", "1s"],
+            &with(
+                &["--eureka-url", url.as_str(), "--refresh-interval", "1s"],
+                extra,
+            ),
         );
         let served = Served::new(adapter, "eureka", "eureka", "eureka");
         EurekaRegistry { eureka, served }
@@ -362,6 +409,9 @@ impl EurekaRegistry {
 impl Registry for EurekaRegistry {
     fn served(&self) -> &Served {
         &self.served
+    }
+    fn served_mut(&mut self) -> &mut Served {
+        &mut self.served
     }
     fn register(&mut self, service: &str, inst: &Instance) {
         let mut i = EurekaInstance::new(service, &inst.id, &inst.ip(), inst.addr.port());
@@ -393,12 +443,17 @@ pub struct KubeRegistry {
 impl KubeRegistry {
     /// Starts an API server (the remote cluster) and the adapter.
     pub fn start(port: u16) -> KubeRegistry {
+        Self::start_with_args(port, &[])
+    }
+
+    /// [`KubeRegistry::start`] with more adapter flags.
+    pub fn start_with_args(port: u16, extra: &[&str]) -> KubeRegistry {
         let kube = KubeApiServer::start();
         kube.namespace("store");
         let kubeconfig = kube.kubeconfig().display().to_string();
         let adapter = Adapter::start(
             "adapter-kube",
-            &["--kubeconfig", kubeconfig.as_str(), "--read-pods"],
+            &with(&["--kubeconfig", kubeconfig.as_str(), "--read-pods"], extra),
         );
         KubeRegistry {
             kube,
@@ -436,6 +491,9 @@ impl KubeRegistry {
 impl Registry for KubeRegistry {
     fn served(&self) -> &Served {
         &self.served
+    }
+    fn served_mut(&mut self) -> &mut Served {
+        &mut self.served
     }
     fn register(&mut self, service: &str, inst: &Instance) {
         if !self.services.0.contains_key(service) {
@@ -486,13 +544,22 @@ impl Registries {
     /// Starts all five side by side (Eureka's JVM takes the longest), and `also` beside them;
     /// its result comes back with them.
     pub fn start_with<T: Send>(port: u16, also: impl FnOnce() -> T + Send) -> (Registries, T) {
+        Self::start_with_args(port, &[], also)
+    }
+
+    /// [`Registries::start_with`], every adapter with the flags `extra` too.
+    pub fn start_with_args<T: Send>(
+        port: u16,
+        extra: &[&str],
+        also: impl FnOnce() -> T + Send,
+    ) -> (Registries, T) {
         std::thread::scope(|s| {
             let also = s.spawn(also);
-            let file = s.spawn(|| FileRegistry::start(port));
-            let consul = s.spawn(ConsulRegistry::start);
-            let zk = s.spawn(ZkRegistry::start);
-            let eureka = s.spawn(EurekaRegistry::start);
-            let kube = s.spawn(|| KubeRegistry::start(port));
+            let file = s.spawn(|| FileRegistry::start_with_args(port, extra));
+            let consul = s.spawn(|| ConsulRegistry::start_with_args(extra));
+            let zk = s.spawn(|| ZkRegistry::start_with_args(extra));
+            let eureka = s.spawn(|| EurekaRegistry::start_with_args(extra));
+            let kube = s.spawn(|| KubeRegistry::start_with_args(port, extra));
             let regs = Registries {
                 file: file.join().expect("file registry"),
                 consul: consul.join().expect("consul registry"),
@@ -524,4 +591,9 @@ impl Registries {
     pub fn sources(&self) -> Vec<SocketAddr> {
         self.all().iter().map(|r| r.adapter().grpc).collect()
     }
+}
+
+/// `args` then `extra`.
+fn with<'a>(args: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    args.iter().chain(extra).copied().collect()
 }

@@ -16,6 +16,7 @@ use crate::cli::OnEmpty;
 use crate::model::{Endpoint, Labels, SharedStr};
 use crate::vip::VipCidr;
 
+pub(crate) use service_entry::label_safe;
 pub use service_entry::translate;
 
 /// Label naming the registry type of every generated resource.

@@ -432,7 +432,7 @@ fn clean_labels(
 }
 
 /// Source and registry names become label values; map them rather than fail.
-fn label_safe(s: &str) -> String {
+pub(crate) fn label_safe(s: &str) -> String {
     let l = map_dns_label(s);
     if l.is_empty() {
         "unknown".into()
