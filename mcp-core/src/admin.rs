@@ -112,16 +112,11 @@ fn last_error_suffix(e: Option<&str>) -> String {
 /// Registry health: 200 while the watch is in sync with the registry, 503 (with the reason)
 /// before the first sync and while it cannot be reached. For alerts and dashboards, not for a
 /// readiness probe (see `/readyz`).
-/// With the Kubernetes output on, the leader's failure to reach the API server makes it 503
-/// too: the mesh is then behind the registry.
+/// With the Kubernetes output on, a failure to write (or to hold the Lease) makes it 503 too:
+/// the mesh is then behind the registry.
 async fn registryz(State(s): State<AdminState>) -> impl IntoResponse {
     let (mut code, body) = registry_health(&s);
-    let output_failing = s
-        .status
-        .lock()
-        .output
-        .as_ref()
-        .is_some_and(|o| o.leader && o.last_error.is_some());
+    let output_failing = s.status.lock().output.as_ref().is_some_and(|o| o.failing());
     if output_failing {
         code = StatusCode::SERVICE_UNAVAILABLE;
     }

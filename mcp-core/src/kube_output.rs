@@ -55,8 +55,10 @@ pub struct OutputStatus {
     pub pending: usize,
     /// Since when the API server is behind the served set.
     pub behind_since: Option<SystemTime>,
-    /// The last failure to reach the API server, while it lasts.
+    /// The last failure to write to the API server, while it lasts.
     pub last_error: Option<String>,
+    /// The last failure to read or renew the Lease, while it lasts (no replica may be writing).
+    pub lease_error: Option<String>,
     /// Served names held by an object that is not this adapter's.
     pub conflicts: Vec<String>,
     /// Served names outside `--output-namespaces`.
@@ -73,8 +75,19 @@ impl OutputStatus {
             .map_or(0.0, |d| d.as_secs_f64())
     }
 
+    /// The output cannot do its job: the leader cannot write, or the Lease cannot be reached.
+    pub fn failing(&self) -> bool {
+        self.lease_error.is_some() || (self.leader && self.last_error.is_some())
+    }
+
     /// One line for people: leadership, and how far behind.
     pub fn summary(&self) -> String {
+        if let (false, Some(e)) = (self.leader, &self.lease_error) {
+            return format!(
+                "kube output: not writing: cannot read or renew the Lease {} ({e})",
+                self.lease
+            );
+        }
         if !self.leader {
             return format!(
                 "kube output: following (Lease {} held by another replica)",
@@ -122,6 +135,7 @@ impl OutputStatus {
             "pending": self.pending,
             "lagSeconds": self.lag_secs(),
             "lastError": self.last_error,
+            "leaseError": self.lease_error,
             "conflicts": self.conflicts,
             "refused": self.refused,
             "rejected": self.rejected,
@@ -223,6 +237,7 @@ pub async fn start(
         lease,
         leader_tx,
         parts.metrics.clone(),
+        parts.status.clone(),
         parts.shutdown.clone(),
     );
     let writer = sync::ObjectWriter {

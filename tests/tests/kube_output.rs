@@ -409,3 +409,108 @@ fn every_adapter_writes_what_it_serves_and_restarts_write_nothing() {
         a.assert_no_registry_errors("after the restart");
     }
 }
+
+/// Applies the output sent that the API server took.
+fn applied_ok(a: &Adapter) -> f64 {
+    let text = a.get("/metrics").1;
+    text.lines()
+        .filter(|l| {
+            l.starts_with("mcp_adapter_kube_output_requests_total{")
+                && l.contains("verb=\"apply\"")
+                && l.contains("code=\"200\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+#[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
+fn an_api_server_outage_and_hand_edits_are_repaired_with_only_what_changed() {
+    let mut kube = KubeApiServer::start();
+    kube.namespace("ns");
+    apply_istio_crds(&kube);
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, ip) in [("a", "10.0.0.1"), ("b", "10.0.0.2")] {
+        write_entry(dir.path(), name, ip);
+    }
+    let path = dir.path().display().to_string();
+    let kubeconfig = kube.kubeconfig().display().to_string();
+    // `--output kube`: no MCP port at all.
+    let a = Adapter::start(
+        "adapter-file",
+        &[
+            "--path",
+            &path,
+            "--poll-interval",
+            "100ms",
+            "--output",
+            "kube",
+            "--output-kubeconfig",
+            &kubeconfig,
+            "--output-namespaces",
+            "ns",
+            "--output-resync",
+            "1s",
+        ],
+    );
+    a.wait_ready();
+    wait_for(WAIT, "a and b written", || {
+        (owned_service_entries(&kube, "file").len() == 2 && leads_in_step(&a)).then_some(())
+    });
+    assert_eq!(a.get("/registryz").0, 200);
+    let before = resource_versions(&owned_service_entries(&kube, "file"));
+
+    // The API server goes away; the registry changes meanwhile.
+    kube.kill();
+    write_entry(dir.path(), "b", "10.0.0.22");
+    write_entry(dir.path(), "c", "10.0.0.3");
+    let body = a.wait_registryz(WAIT, "/registryz says the output is failing", 503);
+    assert!(body.contains("kube output"), "{body}");
+    let (status, ready) = a.get("/readyz");
+    assert_eq!(status, 200, "still ready (the registry is fine): {ready}");
+    a.assert_no_registry_errors("during the API server outage");
+
+    // It comes back: only b and c are written; a is left as it was.
+    kube.restart();
+    wait_for(WAIT, "in step again with b and c written", || {
+        let objects = owned_service_entries(&kube, "file");
+        (objects.len() == 3
+            && objects
+                .get("ns/b")
+                .is_some_and(|o| endpoints(o) == ["10.0.0.22"])
+            && leads_in_step(&a))
+        .then_some(())
+    });
+    let after = resource_versions(&owned_service_entries(&kube, "file"));
+    assert_eq!(after["ns/a"], before["ns/a"], "a was rewritten");
+    assert_eq!(
+        applied_ok(&a),
+        4.0,
+        "2 at start, b and c after: {}",
+        a.log_tail()
+    );
+    a.wait_registryz(WAIT, "/registryz 200 again", 200);
+    let o = output(&a);
+    assert_eq!(o["lastError"], Value::Null, "{o}");
+    assert_eq!(o["leaseError"], Value::Null, "{o}");
+    assert_eq!(a.metric("mcp_adapter_kube_output_pending"), 0.0);
+    assert_eq!(a.metric("mcp_adapter_kube_output_lag_seconds"), 0.0);
+
+    // Someone edits one of its objects by hand and deletes another: the next re-list (every
+    // second here) writes both back, and only them.
+    let collection = "/apis/networking.istio.io/v1/namespaces/ns/serviceentries";
+    let mut edited = kube.get(&format!("{collection}/a")).expect("a");
+    edited["spec"]["endpoints"] = json!([{"address": "10.6.6.6"}]);
+    kube.apply(collection, &edited);
+    assert!(kube.delete(&format!("{collection}/c")));
+    wait_for(WAIT, "a repaired and c back", || {
+        let objects = owned_service_entries(&kube, "file");
+        (objects
+            .get("ns/a")
+            .is_some_and(|o| endpoints(o) == ["10.0.0.1"])
+            && objects.contains_key("ns/c")
+            && leads_in_step(&a))
+        .then_some(())
+    });
+    assert_eq!(applied_ok(&a), 6.0, "{}", a.log_tail());
+}

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::status_code;
 use crate::metrics::Metrics;
+use crate::status::SharedStatus;
 
 /// How long a Lease holds without renewal (client-go's default).
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -50,6 +51,7 @@ pub async fn elect(
     cfg: LeaseConfig,
     leader: watch::Sender<bool>,
     metrics: Metrics,
+    status: SharedStatus,
     shutdown: CancellationToken,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
@@ -58,6 +60,9 @@ pub async fn elect(
     loop {
         let result = try_acquire_or_renew(&api, &cfg, &mut observed).await;
         let now = Instant::now();
+        if let Some(o) = status.lock().output.as_mut() {
+            o.lease_error = result.as_ref().err().map(|e| e.to_string());
+        }
         let leads = match result {
             Ok(leads) => {
                 if leads {
