@@ -191,6 +191,28 @@ mod tests {
     }
 
     #[test]
+    fn output_flags() {
+        let a = parse(&[]).expect("defaults");
+        assert_eq!(a.output.output, Output::Mcp);
+        assert!(a.output.output.mcp() && !a.output.output.kube());
+        assert_eq!((a.output.output_qps, a.output.output_burst), (50.0, 100));
+        let a = parse(&["--output", "both", "--output-namespaces", "a,b"]).expect("both");
+        assert!(a.output.output.mcp() && a.output.output.kube());
+        assert_eq!(a.output.output_namespaces, ["a", "b"]);
+        let a = parse(&["--output", "kube", "--output-resync", "30s"]).expect("kube");
+        assert!(!a.output.output.mcp());
+        assert_eq!(a.output.output_resync, Duration::from_secs(30));
+        for bad in [
+            &["--output", "crd"][..],
+            &["--output-qps", "0"],
+            &["--output-qps", "-1"],
+            &["--output-burst", "0"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn shards_are_one_to_sixty_four_and_exclude_a_single_shard() {
         assert_eq!(parse(&[]).map(|a| a.shards), Ok(1));
         assert_eq!(parse(&["--shards", "8"]).map(|a| a.shards), Ok(8));

@@ -3,16 +3,226 @@
 //! every field of every object. No kubelet, scheduler or controller manager runs, so no pod is
 //! ever created: what is checked is that the objects are accepted and stored as written (replicas,
 //! probes, security context, Service port, NetworkPolicy peers), not that the pods start.
+//!
+//! The Kubernetes output's RBAC (`adapter-<name>-kube-output.yaml`) is checked with the real RBAC
+//! authorizer: through a token of each adapter's ServiceAccount (TokenRequest), the adapter can do
+//! exactly what `--output kube` does (server-side apply, list, delete ServiceEntries in its output
+//! namespace; get, create, update its Lease) and is refused everything else.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use e2e::kube::{collection_of, KubeApiServer, ADMIN_TOKEN};
+use e2e::istiod::apply_istio_crds;
+use e2e::kube::{collection_of, KubeApiServer, Response, ADMIN_TOKEN};
 
 const NS: &str = "mcp-adapters";
 const ADAPTERS: [&str; 5] = ["file", "consul", "zookeeper", "eureka", "kube"];
 const MCP_PORT: u64 = 15051;
+/// `--output-lease-namespace` in deploy/kubernetes/README.md ("Kubernetes output").
+const LEASE_NS: &str = NS;
+const JSON: &str = "application/json";
+const NETWORKING: &str = "/apis/networking.istio.io/v1";
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/mcp-adapters/leases";
+
+/// The namespace adapter `a`'s ServiceEntries land in with the shipped manifests, which its
+/// `adapter-<a>-kube-output.yaml` grants and `--output-namespaces` names. Checked against the
+/// manifests in the test: no Deployment sets `--namespace`, so the registry's default applies.
+fn output_namespace(a: &str) -> &'static str {
+    match a {
+        // The example inventory's `namespace: legacy` (asserted below).
+        "file" => "legacy",
+        // adapter-kube keeps each watched Service's namespace: the file's example one.
+        "kube" => "team-a",
+        "consul" => "consul",
+        "zookeeper" => "zookeeper",
+        "eureka" => "eureka",
+        other => panic!("no output namespace for adapter {other}"),
+    }
+}
+
+/// The args deploy/kubernetes/README.md ("Kubernetes output") adds to adapter `a`'s Deployment.
+fn output_args(a: &str) -> Vec<String> {
+    vec![
+        "--output=both".to_string(),
+        format!("--output-namespaces={}", output_namespace(a)),
+        format!("--output-lease-namespace={LEASE_NS}"),
+    ]
+}
+
+/// The README's `kubectl patch deployment adapter-<a> --type=json` document.
+fn output_patch(a: &str) -> Value {
+    let mut ops = vec![serde_json::json!({"op": "replace",
+        "path": "/spec/template/spec/automountServiceAccountToken", "value": true})];
+    for arg in output_args(a) {
+        ops.push(serde_json::json!({"op": "add",
+            "path": "/spec/template/spec/containers/0/args/-", "value": arg}));
+    }
+    Value::Array(ops)
+}
+
+/// One request with the content type and Accept given: `KubeApiServer::request` sends JSON only,
+/// and server-side apply is `application/apply-patch+yaml`. Through curl, as the harness does.
+fn send(
+    kube: &KubeApiServer,
+    token: &str,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    accept: &str,
+    body: Option<&Value>,
+) -> Response {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new("curl");
+    cmd.args(["--silent", "--show-error", "--max-time", "30"])
+        .arg("--cacert")
+        .arg(kube.ca())
+        .arg("--header")
+        .arg(format!("Authorization: Bearer {token}"))
+        .arg("--header")
+        .arg(format!("Accept: {accept}"))
+        .args(["--request", method])
+        .args(["--write-out", "\n%{http_code}"]);
+    if body.is_some() {
+        cmd.arg("--header")
+            .arg(format!("Content-Type: {content_type}"))
+            .args(["--data-binary", "@-"]);
+    }
+    let mut child = cmd
+        .arg(format!("{}{path}", kube.url()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run curl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    if let Some(b) = body {
+        stdin
+            .write_all(b.to_string().as_bytes())
+            .expect("curl stdin");
+    }
+    drop(stdin);
+    let out = child.wait_with_output().expect("curl");
+    assert!(
+        out.status.success(),
+        "curl {method} {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    Response {
+        status: code.trim().parse().expect("HTTP status"),
+        body: serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string())),
+    }
+}
+
+/// A JSON request with `token` (what the adapter's client sends for everything but the apply).
+fn call(
+    kube: &KubeApiServer,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Response {
+    send(kube, token, method, path, JSON, JSON, body)
+}
+
+/// A ServiceEntry as the output applies it: the ownership labels, one static endpoint.
+fn service_entry(a: &str, ns: &str, name: &str, ip: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "ServiceEntry",
+        "metadata": {"name": name, "namespace": ns, "labels": {
+            "app.kubernetes.io/managed-by": "mcp-adapter",
+            "mcp-adapter/registry": a,
+            "mcp-adapter/source": a,
+        }},
+        "spec": {
+            "hosts": [format!("{name}.{ns}.example")],
+            "location": "MESH_INTERNAL",
+            "resolution": "STATIC",
+            "ports": [{"number": 8080, "name": "http", "protocol": "HTTP"}],
+            "endpoints": [{"address": ip}],
+        },
+    })
+}
+
+fn service_entries(ns: &str) -> String {
+    format!("{NETWORKING}/namespaces/{ns}/serviceentries")
+}
+
+/// Server-side apply of `obj` with field manager `mcp-adapter`, as the output sends it.
+fn server_side_apply(kube: &KubeApiServer, token: &str, obj: &Value, force: bool) -> Response {
+    let ns = obj["metadata"]["namespace"].as_str().expect("namespace");
+    let name = obj["metadata"]["name"].as_str().expect("name");
+    let force = if force { "&force=true" } else { "" };
+    send(
+        kube,
+        token,
+        "PATCH",
+        &format!(
+            "{}/{name}?fieldManager=mcp-adapter{force}",
+            service_entries(ns)
+        ),
+        "application/apply-patch+yaml",
+        JSON,
+        Some(obj),
+    )
+}
+
+/// What `token` may do in `ns` (a SelfSubjectRulesReview, the RBAC authorizer's own answer) as
+/// `(apiGroup, resource, verb, resourceName or "*")`, without what every authenticated user has
+/// (system:basic-user's self reviews in authorization.k8s.io and authentication.k8s.io).
+fn rules_in(
+    kube: &KubeApiServer,
+    token: &str,
+    ns: &str,
+) -> BTreeSet<(String, String, String, String)> {
+    let review = serde_json::json!({"apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectRulesReview", "spec": {"namespace": ns}});
+    let r = call(
+        kube,
+        token,
+        "POST",
+        "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+        Some(&review),
+    );
+    assert_eq!(r.status, 201, "SelfSubjectRulesReview in {ns}: {}", r.body);
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect()
+    };
+    let mut rules = BTreeSet::new();
+    for rule in r.body["status"]["resourceRules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let mut names = strings(&rule["resourceNames"]);
+        if names.is_empty() {
+            names.push("*".into());
+        }
+        for group in strings(&rule["apiGroups"]) {
+            if group == "authorization.k8s.io" || group == "authentication.k8s.io" {
+                continue;
+            }
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    for name in &names {
+                        rules.insert((group.clone(), resource.clone(), verb.clone(), name.clone()));
+                    }
+                }
+            }
+        }
+    }
+    rules
+}
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
@@ -114,7 +324,7 @@ fn check_meshconfig(path: &Path) {
 }
 
 #[test]
-#[ignore = "needs kube-apiserver: tests/kube-apiserver/build.sh target/kube (the README's test command builds it)"]
+#[ignore = "needs kube-apiserver and Istio's CRDs: tests/go-peers/build.sh target (the README's test command builds them)"]
 fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
     let files = manifests();
     for a in ADAPTERS {
@@ -123,6 +333,12 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
                 .iter()
                 .any(|p| file_name(p) == format!("adapter-{a}.yaml")),
             "deploy/kubernetes/adapter-{a}.yaml missing"
+        );
+        assert!(
+            files
+                .iter()
+                .any(|p| file_name(p) == format!("adapter-{a}-kube-output.yaml")),
+            "deploy/kubernetes/adapter-{a}-kube-output.yaml missing"
         );
     }
 
@@ -140,10 +356,6 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
     let stored = kube.apply_manifest(&namespace, |_| ());
     assert_eq!(stored[0]["metadata"]["name"], NS);
 
-    // The namespaced RBAC example is written for namespace team-a (one copy per watched
-    // namespace): it has to exist first.
-    kube.namespace("team-a");
-
     let mut kinds_seen = Vec::new();
     for path in &files {
         let name = file_name(path);
@@ -153,6 +365,37 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
         if name == "istiod-meshconfig.yaml" {
             check_meshconfig(path);
             continue;
+        }
+        if name == "adapter-kube-rbac-namespaced.yaml" {
+            // The namespaced RBAC example is written for namespace team-a (one copy per watched
+            // namespace): it has to exist first.
+            kube.namespace("team-a");
+        }
+        let output_of = name
+            .strip_prefix("adapter-")
+            .and_then(|n| n.strip_suffix("-kube-output.yaml"));
+        if let Some(a) = output_of {
+            // The output namespace is not declared in the file (deleting the file must not delete
+            // it): the README says to create it first, because a Role in a missing namespace is
+            // refused. Shown here before it is created.
+            let ns = output_namespace(a);
+            let docs = documents(path);
+            assert!(
+                docs.iter().all(|d| d["kind"] != "Namespace"),
+                "{name}: declares a Namespace, which `kubectl delete -f` would delete"
+            );
+            assert!(
+                kube.get(&format!("/api/v1/namespaces/{ns}")).is_none(),
+                "{name}: namespace {ns} exists already"
+            );
+            let role = docs
+                .iter()
+                .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == ns)
+                .unwrap_or_else(|| panic!("{name}: no Role in namespace {ns}"));
+            let err = strict_dry_run(&kube, role)
+                .expect_err("a Role in a namespace that does not exist is refused");
+            assert!(err.starts_with("404"), "{name}: {err}");
+            kube.namespace(ns);
         }
         for obj in documents(path) {
             if let Err(e) = strict_dry_run(&kube, &obj) {
@@ -196,6 +439,19 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
             pod["securityContext"]["runAsNonRoot"], true,
             "{name}: {pod}"
         );
+        // Its own ServiceAccount (what adapter-<a>-kube-output.yaml binds), without a token:
+        // with --output=mcp it never calls this cluster's API server.
+        assert_eq!(
+            pod["serviceAccountName"], name,
+            "{name}: serviceAccountName"
+        );
+        assert_eq!(pod["automountServiceAccountToken"], false, "{name}");
+        let sa = get(
+            &kube,
+            &format!("/api/v1/namespaces/{NS}/serviceaccounts"),
+            &name,
+        );
+        assert_eq!(sa["automountServiceAccountToken"], false, "{name}: {sa}");
         let containers = pod["containers"].as_array().expect("containers");
         assert_eq!(containers.len(), 1, "{name}: one container");
         let c = &containers[0];
@@ -222,6 +478,23 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
         assert!(
             args.contains(&"--listen=0.0.0.0:15051"),
             "{name}: args {args:?}"
+        );
+        // The default output: MCP only (the README's patch adds the Kubernetes output), and the
+        // registry's default --namespace, which output_namespace() and the kube-output file
+        // count on.
+        assert!(
+            !args.iter().any(|arg| arg.starts_with("--output")
+                || arg.starts_with("--namespace=")
+                || *arg == "--namespace"),
+            "{name}: args {args:?}"
+        );
+        assert!(
+            c["env"].as_array().into_iter().flatten().all(|e| {
+                let n = e["name"].as_str().unwrap_or_default();
+                n != "MCP_NAMESPACE" && !n.starts_with("MCP_OUTPUT")
+            }),
+            "{name}: env {}",
+            c["env"]
         );
         // `--shards`: one gRPC port per shard from 15051 up, named, and the admin port not
         // among them (the adapter refuses to start otherwise).
@@ -374,6 +647,8 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
     )
     .expect("the example inventory is YAML");
     assert_eq!(inventory["kind"], "Inventory");
+    // adapter-file's ServiceEntries go to the inventory's namespace: its output namespace.
+    assert_eq!(inventory["namespace"], output_namespace("file"));
     let kubeconfig = get(&kube, &secrets, "adapter-kube-remote-kubeconfig");
     assert!(
         kubeconfig["data"]["kubeconfig"].is_string(),
@@ -386,4 +661,321 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
         "/apis/rbac.authorization.k8s.io/v1/clusterroles",
         "mcp-adapter-kube",
     );
+
+    check_kube_output(&kube);
+}
+
+/// The Kubernetes output, turned on as deploy/kubernetes/README.md says, against the real RBAC
+/// authorizer: each adapter's ServiceAccount can do what the output does in its own namespace and
+/// Lease, and nothing else.
+fn check_kube_output(kube: &KubeApiServer) {
+    apply_istio_crds(kube);
+
+    // The README's patch is accepted (strictly) by every Deployment: the args appended, the
+    // token mounted, the ServiceAccount the kube-output file binds.
+    let deployments = format!("/apis/apps/v1/namespaces/{NS}/deployments");
+    for a in ADAPTERS {
+        let path = format!("{deployments}/adapter-{a}");
+        let before = get(kube, &deployments, &format!("adapter-{a}"));
+        let r = send(
+            kube,
+            ADMIN_TOKEN,
+            "PATCH",
+            &format!("{path}?fieldValidation=Strict"),
+            "application/json-patch+json",
+            JSON,
+            Some(&output_patch(a)),
+        );
+        assert_eq!(r.status, 200, "adapter-{a}: the README's patch: {}", r.body);
+        let pod = &r.body["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], format!("adapter-{a}"));
+        assert_eq!(pod["automountServiceAccountToken"], true, "adapter-{a}");
+        let mut want = before["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .clone();
+        want.extend(output_args(a).into_iter().map(Value::String));
+        assert_eq!(
+            pod["containers"][0]["args"],
+            Value::Array(want),
+            "adapter-{a}: args"
+        );
+    }
+
+    // A real token of each adapter's ServiceAccount: the RBAC authorizer sees
+    // system:serviceaccount:mcp-adapters:adapter-<a> in system:serviceaccounts(:mcp-adapters).
+    let tokens: Vec<(&str, String)> = ADAPTERS
+        .iter()
+        .map(|a| (*a, kube.service_account_token(NS, &format!("adapter-{a}"))))
+        .collect();
+    let elsewhere = |a: &str| -> Vec<&'static str> {
+        let mut ns: Vec<&str> = ADAPTERS
+            .iter()
+            .filter(|b| **b != a)
+            .map(|b| output_namespace(b))
+            .collect();
+        ns.extend(["default", NS]);
+        ns
+    };
+
+    // Somebody else's ServiceEntry in every namespace, for the refusals below.
+    let mut namespaces: Vec<&str> = ADAPTERS.iter().map(|a| output_namespace(a)).collect();
+    namespaces.extend(["default", NS]);
+    for ns in &namespaces {
+        let mut obj = service_entry("user", ns, "by-hand", "10.9.9.9");
+        obj["metadata"]["labels"] = serde_json::json!({"team": "ops"});
+        kube.apply(&service_entries(ns), &obj);
+    }
+
+    // Allowed: exactly what the output does.
+    for (a, token) in &tokens {
+        let ns = output_namespace(a);
+        let collection = service_entries(ns);
+
+        // Server-side apply that creates (patch + create), then one that changes the object
+        // (patch alone), forced as the output forces on its own objects.
+        let created = server_side_apply(
+            kube,
+            token,
+            &service_entry(a, ns, "probe", "10.0.0.1"),
+            false,
+        );
+        assert_eq!(
+            created.status, 201,
+            "adapter-{a}: apply (create) in {ns}: {}",
+            created.body
+        );
+        let changed = server_side_apply(
+            kube,
+            token,
+            &service_entry(a, ns, "probe", "10.0.0.2"),
+            true,
+        );
+        assert_eq!(
+            changed.status, 200,
+            "adapter-{a}: apply (change) in {ns}: {}",
+            changed.body
+        );
+        assert_eq!(
+            changed.body["spec"]["endpoints"][0]["address"], "10.0.0.2",
+            "adapter-{a}"
+        );
+        let managers: Vec<&str> = changed.body["metadata"]["managedFields"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["manager"].as_str())
+            .collect();
+        assert_eq!(managers, ["mcp-adapter"], "adapter-{a}: field managers");
+
+        // The metadata-only list the output sends (PartialObjectMetadataList).
+        let listed = send(
+            kube,
+            token,
+            "GET",
+            &format!("{collection}?limit=500"),
+            JSON,
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+            None,
+        );
+        assert_eq!(
+            listed.status, 200,
+            "adapter-{a}: list in {ns}: {}",
+            listed.body
+        );
+        assert_eq!(
+            listed.body["kind"], "PartialObjectMetadataList",
+            "adapter-{a}"
+        );
+        let mut names: Vec<&str> = listed.body["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["metadata"]["name"].as_str())
+            .collect();
+        names.sort_unstable();
+        assert_eq!(names, ["by-hand", "probe"], "adapter-{a}: listed in {ns}");
+
+        // Delete with a uid precondition, as the output deletes what left the set.
+        let uid = created.body["metadata"]["uid"].clone();
+        let options = serde_json::json!({"apiVersion": "v1", "kind": "DeleteOptions",
+            "preconditions": {"uid": uid}});
+        let deleted = call(
+            kube,
+            token,
+            "DELETE",
+            &format!("{collection}/probe"),
+            Some(&options),
+        );
+        assert_eq!(
+            deleted.status, 200,
+            "adapter-{a}: delete in {ns}: {}",
+            deleted.body
+        );
+
+        // Its Lease: absent (404, not 403), created, read, renewed (a compare-and-swap on the
+        // resourceVersion).
+        let lease_name = format!("mcp-adapter-{a}");
+        let lease_path = format!("{LEASES}/{lease_name}");
+        let r = call(kube, token, "GET", &lease_path, None);
+        assert_eq!(
+            r.status, 404,
+            "adapter-{a}: get its Lease before it exists: {}",
+            r.body
+        );
+        let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": lease_name, "namespace": LEASE_NS},
+            "spec": {"holderIdentity": format!("adapter-{a}-0"), "leaseDurationSeconds": 15,
+                     "leaseTransitions": 0}});
+        let r = call(kube, token, "POST", LEASES, Some(&lease));
+        assert_eq!(r.status, 201, "adapter-{a}: create its Lease: {}", r.body);
+        let r = call(kube, token, "GET", &lease_path, None);
+        assert_eq!(r.status, 200, "adapter-{a}: get its Lease: {}", r.body);
+        let mut renewed = r.body.clone();
+        renewed["spec"]["holderIdentity"] = Value::String(format!("adapter-{a}-1"));
+        renewed["spec"]["leaseTransitions"] = 1.into();
+        let r = call(kube, token, "PUT", &lease_path, Some(&renewed));
+        assert_eq!(r.status, 200, "adapter-{a}: update its Lease: {}", r.body);
+        let stale = call(kube, token, "PUT", &lease_path, Some(&renewed));
+        assert_eq!(
+            stale.status, 409,
+            "adapter-{a}: a stale update conflicts: {}",
+            stale.body
+        );
+    }
+
+    // Refused (403): ServiceEntries elsewhere, other verbs and resources, other Leases.
+    for (a, token) in &tokens {
+        let ns = output_namespace(a);
+        let refused = |method: &str, path: &str, body: Option<&Value>| {
+            let r = call(kube, token, method, path, body);
+            assert_eq!(
+                r.status, 403,
+                "adapter-{a}: {method} {path} allowed: {}",
+                r.body
+            );
+        };
+        for other in elsewhere(a) {
+            let r = server_side_apply(
+                kube,
+                token,
+                &service_entry(a, other, "probe", "10.0.0.1"),
+                false,
+            );
+            assert_eq!(r.status, 403, "adapter-{a}: apply in {other}: {}", r.body);
+            let r = server_side_apply(
+                kube,
+                token,
+                &service_entry(a, other, "by-hand", "10.0.0.1"),
+                true,
+            );
+            assert_eq!(
+                r.status, 403,
+                "adapter-{a}: forced apply in {other}: {}",
+                r.body
+            );
+            refused("GET", &service_entries(other), None);
+            refused(
+                "DELETE",
+                &format!("{}/by-hand", service_entries(other)),
+                None,
+            );
+        }
+        refused("GET", &format!("{NETWORKING}/serviceentries"), None);
+        // In its own namespace, only list, patch, create and delete.
+        let own = service_entries(ns);
+        refused("GET", &format!("{own}/by-hand"), None);
+        refused("GET", &format!("{own}?watch=true&timeoutSeconds=1"), None);
+        refused("DELETE", &own, None);
+        let by_hand = kube.get(&format!("{own}/by-hand")).expect("by-hand");
+        refused("PUT", &format!("{own}/by-hand"), Some(&by_hand));
+        // (A plain POST is allowed too: it is a create, which server-side apply needs.)
+        // Other resources, in its namespace and its own.
+        for where_ in [ns, NS] {
+            refused(
+                "GET",
+                &format!("/api/v1/namespaces/{where_}/services"),
+                None,
+            );
+            refused("GET", &format!("/api/v1/namespaces/{where_}/secrets"), None);
+            refused(
+                "GET",
+                &format!("/api/v1/namespaces/{where_}/configmaps"),
+                None,
+            );
+            refused(
+                "GET",
+                &format!("{NETWORKING}/namespaces/{where_}/destinationrules"),
+                None,
+            );
+            refused(
+                "GET",
+                &format!("{NETWORKING}/namespaces/{where_}/workloadentries"),
+                None,
+            );
+        }
+        refused(
+            "GET",
+            &format!("/api/v1/namespaces/{NS}/secrets/adapter-{a}"),
+            None,
+        );
+        let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "namespace": ns}});
+        refused(
+            "POST",
+            &format!("/api/v1/namespaces/{ns}/configmaps"),
+            Some(&cm),
+        );
+        // Leases: no list or watch, no delete of its own, nothing on another adapter's.
+        refused("GET", LEASES, None);
+        refused("DELETE", &format!("{LEASES}/mcp-adapter-{a}"), None);
+        for b in ADAPTERS.iter().filter(|b| *b != a) {
+            let path = format!("{LEASES}/mcp-adapter-{b}");
+            refused("GET", &path, None);
+            let mut theirs = kube.get(&path).expect("the other adapter's Lease");
+            theirs["spec"]["holderIdentity"] = Value::String(format!("adapter-{a}-0"));
+            refused("PUT", &path, Some(&theirs));
+            refused("DELETE", &path, None);
+        }
+        refused(
+            "GET",
+            &format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/mcp-adapter-{a}"),
+            None,
+        );
+    }
+
+    // And nothing more: what the RBAC authorizer itself says each may do, namespace by namespace.
+    for (a, token) in &tokens {
+        let rule = |group: &str, resource: &str, verb: &str, name: &str| {
+            (
+                group.to_string(),
+                resource.to_string(),
+                verb.to_string(),
+                name.to_string(),
+            )
+        };
+        for ns in namespaces
+            .iter()
+            .copied()
+            .chain(["kube-system", "istio-system"])
+        {
+            let mut want = BTreeSet::new();
+            if ns == output_namespace(a) {
+                for verb in ["list", "patch", "create", "delete"] {
+                    want.insert(rule("networking.istio.io", "serviceentries", verb, "*"));
+                }
+            }
+            if ns == LEASE_NS {
+                let lease = format!("mcp-adapter-{a}");
+                want.insert(rule("coordination.k8s.io", "leases", "get", &lease));
+                want.insert(rule("coordination.k8s.io", "leases", "update", &lease));
+                want.insert(rule("coordination.k8s.io", "leases", "create", "*"));
+            }
+            assert_eq!(
+                rules_in(kube, token, ns),
+                want,
+                "adapter-{a}: its rights in {ns}"
+            );
+        }
+    }
 }
