@@ -4,6 +4,7 @@
 // (interpolation, depends_on targets, extends, ...). Prints the normalized model as YAML.
 //
 //	go run ./docker/compose-check docker/compose.yaml
+//	COMPOSE_PROFILES=client go run ./docker/compose-check docker/compose.yaml
 //
 // Built by scripts/test.sh into target/compose-check; tests/tests/docker_compose.rs runs it.
 package main
@@ -27,6 +28,9 @@ func main() {
 		cli.WithWorkingDirectory(filepath.Dir(file)),
 		cli.WithName("mcp-demo"),
 		cli.WithOsEnv,
+		// COMPOSE_PROFILES, as `docker compose` reads it: services under a profile are
+		// checked only when it is active.
+		cli.WithDefaultProfiles(),
 	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -1,6 +1,7 @@
 #!/bin/sh
-# One-shot seed (curlimages/curl): registers demo services in Consul through its HTTP API, and
-# creates the istio-system namespace istiod needs in the Kubernetes API server.
+# One-shot seed (curlimages/curl): registers demo services in Consul through its HTTP API (one of
+# them a real HTTP backend), and creates the istio-system namespace istiod needs in the Kubernetes
+# API server.
 set -eu
 CONSUL="${CONSUL_HTTP_ADDR:-http://consul:8500}"
 KUBE="${KUBE_API:-https://kube-apiserver:6443}"
@@ -22,6 +23,9 @@ register node-a payments payments-1 10.0.0.1 8080 http passing
 register node-b payments payments-2 10.0.0.2 8080 http passing
 register node-a inventory inventory-1 10.0.1.1 9090 grpc passing
 register node-b inventory inventory-2 10.0.1.2 9090 grpc critical # left out: check critical
+# A real one: backend-consul (docker/compose.yaml: its fixed address and -listen port), which the
+# envoy service reaches as hello.service.consul (docker/README.md, "A request through Envoy").
+register node-c hello hello-consul-1 10.203.0.21 8080 http passing
 
 echo "waiting for the Kubernetes API server at $KUBE"
 until curl -fsSk -H "Authorization: Bearer $TOKEN" "$KUBE/readyz" >/dev/null; do sleep 1; done

@@ -44,4 +44,8 @@ provider com.example.OrderService 10.2.0.3 20881 2.1.0
 # (no spaces: zkCli splits its arguments on white space).
 create /services/waiter-service/b1fdcb1e \
   '{"name":"waiter-service","id":"b1fdcb1e","address":"10.3.0.1","port":8080,"sslPort":null,"payload":{"@class":"org.springframework.cloud.zookeeper.discovery.ZookeeperInstance","id":"waiter-service","name":"waiter-service","metadata":{"instance_status":"UP","zone":"a"}},"registrationTimeUTC":1618899361271,"serviceType":"DYNAMIC","uriSpec":null}'
+# A real one: backend-zookeeper (docker/compose.yaml: its fixed address and -listen port), which
+# the envoy service reaches as hello.zookeeper (docker/README.md, "A request through Envoy").
+create /services/hello/hello-zk-1 \
+  '{"name":"hello","id":"hello-zk-1","address":"10.203.0.22","port":8080,"sslPort":null,"payload":{"@class":"org.springframework.cloud.zookeeper.discovery.ZookeeperInstance","id":"hello","name":"hello","metadata":{"instance_status":"UP","version":"v1"}},"registrationTimeUTC":1700000000000,"serviceType":"DYNAMIC","uriSpec":null}'
 echo "seed done"
