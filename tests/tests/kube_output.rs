@@ -30,6 +30,18 @@ fn endpoints(obj: &Value) -> Vec<String> {
     e2e::endpoint_addresses(obj)
 }
 
+/// User plus system CPU seconds of process `pid` so far (`/proc/<pid>/stat`, 100 ticks/s).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the line: 11 and 12 after the command.
+    let ticks: f64 =
+        fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
+    ticks / 100.0
+}
+
 /// The output's part of /debug/resources.
 fn output(a: &Adapter) -> Value {
     a.debug()["kubeOutput"].clone()
@@ -185,6 +197,13 @@ fn file_output_writes_changes_only_leaves_a_users_object_alone_and_one_replica_w
     });
     assert_eq!(b.metric("mcp_adapter_kube_output_leader"), 0.0);
     assert_eq!(a.metric("mcp_adapter_kube_output_leader"), 1.0);
+    // Following is idle: a Lease look every 2 s, nothing else (no loop on the served set).
+    let b_pid = b.pid().expect("b runs");
+    let cpu = cpu_seconds(b_pid);
+    std::thread::sleep(Duration::from_secs(3));
+    let used = cpu_seconds(b_pid) - cpu;
+    eprintln!("the follower used {used:.2} s of CPU in 3 s");
+    assert!(used < 0.3, "the follower used {used:.2} s of CPU in 3 s");
 
     // One change: exactly that object is written, by the leader only.
     let before = resource_versions(&owned_service_entries(&kube, "file"));

@@ -83,6 +83,11 @@ impl ObjectWriter {
                     self.metrics.kube_pending.set(0);
                     self.metrics.kube_lag.set(0.0);
                 }
+                // What is served now is re-read when this replica leads: wake for what comes
+                // after it.
+                for rx in &mut self.snapshots {
+                    rx.borrow_and_update();
+                }
                 if let Wake::Shutdown = self.wait(Some(SYNC_POLL), None).await {
                     return;
                 }
