@@ -8,6 +8,9 @@
 #     server with embedded etcd into target/kube (cold: ~13 min on 2 busy cores, ~3.5 GB of
 #     build cache; built separately they took ~31 min; warm: ~3 s); then the Istio 1.22 MCP
 #     client into target/adsc (a module of its own; cold: ~3 min more; warm: ~5 s);
+#   - helm (helm.sh/helm/v3), built from the Go module proxy into target/helm for the chart's
+#     tests (tests/helm: a module of its own at the go-peers build list's versions, so most of
+#     its packages come from their build cache; cold after them: ~15 s; warm: ~1 s);
 #   - Consul, built from the Go module proxy into target/consul (cold: ~11 min; warm: seconds);
 #   - a Spring Cloud Eureka server, built with Maven into target/eureka (cold: ~1.5 min);
 #   - ZooKeeper, Debian's package (apt-get; needs root, as on CI machines);
@@ -45,6 +48,9 @@ tests/go-peers/build.sh target
 echo "==> building Istio 1.22's MCP client (tests/istio-adsc; adsc-watch-current is up to date by now)"
 tests/istio-adsc/build.sh target/adsc
 
+echo "==> building helm (tests/helm; after the Go peers, whose build cache it shares)"
+tests/helm/build.sh target/helm
+
 echo "==> building Consul (tests/consul)"
 tests/consul/build.sh target/consul
 
@@ -74,4 +80,5 @@ echo "==> cargo test (including tests that need real peers)"
 ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
   EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" \
-  ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" cargo test --workspace -- --include-ignored
+  ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" HELM_BIN="$PWD/target/helm/helm" \
+  cargo test --workspace -- --include-ignored

@@ -665,6 +665,13 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
     check_kube_output(&kube);
 }
 
+/// The Lease adapter-`a`'s output holds: `mcp-adapter-<source name>`, whose default is the
+/// registry's name (`kubernetes` for adapter-kube).
+fn lease_of(a: &str) -> String {
+    let source = if a == "kube" { "kubernetes" } else { a };
+    format!("mcp-adapter-{source}")
+}
+
 /// The Kubernetes output, turned on as deploy/kubernetes/README.md says, against the real RBAC
 /// authorizer: each adapter's ServiceAccount can do what the output does in its own namespace and
 /// Lease, and nothing else.
@@ -815,7 +822,7 @@ fn check_kube_output(kube: &KubeApiServer) {
 
         // Its Lease: absent (404, not 403), created, read, renewed (a compare-and-swap on the
         // resourceVersion).
-        let lease_name = format!("mcp-adapter-{a}");
+        let lease_name = lease_of(a);
         let lease_path = format!("{LEASES}/{lease_name}");
         let r = call(kube, token, "GET", &lease_path, None);
         assert_eq!(
@@ -928,9 +935,9 @@ fn check_kube_output(kube: &KubeApiServer) {
         );
         // Leases: no list or watch, no delete of its own, nothing on another adapter's.
         refused("GET", LEASES, None);
-        refused("DELETE", &format!("{LEASES}/mcp-adapter-{a}"), None);
+        refused("DELETE", &format!("{LEASES}/{}", lease_of(a)), None);
         for b in ADAPTERS.iter().filter(|b| *b != a) {
-            let path = format!("{LEASES}/mcp-adapter-{b}");
+            let path = format!("{LEASES}/{}", lease_of(b));
             refused("GET", &path, None);
             let mut theirs = kube.get(&path).expect("the other adapter's Lease");
             theirs["spec"]["holderIdentity"] = Value::String(format!("adapter-{a}-0"));
@@ -939,7 +946,10 @@ fn check_kube_output(kube: &KubeApiServer) {
         }
         refused(
             "GET",
-            &format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/mcp-adapter-{a}"),
+            &format!(
+                "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{}",
+                lease_of(a)
+            ),
             None,
         );
     }
@@ -966,7 +976,7 @@ fn check_kube_output(kube: &KubeApiServer) {
                 }
             }
             if ns == LEASE_NS {
-                let lease = format!("mcp-adapter-{a}");
+                let lease = lease_of(a);
                 want.insert(rule("coordination.k8s.io", "leases", "get", &lease));
                 want.insert(rule("coordination.k8s.io", "leases", "update", &lease));
                 want.insert(rule("coordination.k8s.io", "leases", "create", "*"));
@@ -977,5 +987,99 @@ fn check_kube_output(kube: &KubeApiServer) {
                 "adapter-{a}: its rights in {ns}"
             );
         }
+    }
+
+    real_adapters_write_with_the_shipped_rbac(kube);
+}
+
+/// The real adapter-file and adapter-kube binaries, with nothing but their ServiceAccount's token
+/// and the shipped RBAC, write their ServiceEntries and hold their Leases (adapter-kube's Lease
+/// is `mcp-adapter-kubernetes`: its source name is its registry's).
+fn real_adapters_write_with_the_shipped_rbac(kube: &KubeApiServer) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("orders.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: orders, namespace: legacy}\nspec:\n  hosts: [orders.legacy.example]\n  resolution: STATIC\n  ports: [{number: 80, name: http, protocol: HTTP}]\n  endpoints: [{address: 10.1.2.3}]\n",
+    )
+    .expect("write");
+    // adapter-kube watches this same API server (as admin) in team-a.
+    kube.apply_service(&e2e::kube::service(
+        "team-a",
+        "catalog",
+        &[("http", 80, 8080)],
+    ));
+    kube.apply_slice(&e2e::kube::slice(
+        "team-a",
+        "catalog-1",
+        "catalog",
+        "IPv4",
+        &[("http", 8080)],
+        vec![e2e::kube::ready("10.1.2.4")],
+    ));
+    let path = dir.path().display().to_string();
+    let admin = kube.kubeconfig().display().to_string();
+    let runs = [
+        (
+            "file",
+            "legacy/orders",
+            vec!["--path", path.as_str(), "--poll-interval", "100ms"],
+        ),
+        (
+            "kube",
+            "team-a/catalog",
+            vec!["--kubeconfig", admin.as_str(), "--namespaces", "team-a"],
+        ),
+    ];
+    let mut adapters = Vec::new();
+    for (a, want, mut args) in runs {
+        let token = kube.service_account_token(NS, &format!("adapter-{a}"));
+        let kubeconfig = kube.kubeconfig_for(&token).display().to_string();
+        // The identity that holds its Lease after the checks above: it takes it back at once.
+        let identity = format!("adapter-{a}-1");
+        args.extend([
+            "--output",
+            "kube",
+            "--output-kubeconfig",
+            kubeconfig.as_str(),
+        ]);
+        args.extend(["--output-namespaces", output_namespace(a)]);
+        args.extend([
+            "--output-lease-namespace",
+            LEASE_NS,
+            "--output-identity",
+            identity.as_str(),
+        ]);
+        let adapter = e2e::Adapter::start(&format!("adapter-{a}"), &args);
+        adapters.push((a, want, adapter));
+    }
+    for (a, want, adapter) in &adapters {
+        let (ns, name) = want.split_once('/').expect("ns/name");
+        e2e::wait_for(
+            std::time::Duration::from_secs(60),
+            &format!("adapter-{a} writes {want} with its ServiceAccount"),
+            || {
+                let o = adapter.debug()["kubeOutput"].clone();
+                let written = kube
+                    .get(&format!("{}/{name}", service_entries(ns)))
+                    .is_some_and(|se| {
+                        se["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "mcp-adapter"
+                    });
+                (written && o["leader"] == true && o["inStep"] == true).then_some(o)
+            },
+        );
+        let o = adapter.debug()["kubeOutput"].clone();
+        assert_eq!(
+            o["lastError"],
+            Value::Null,
+            "adapter-{a}: {o}\n{}",
+            adapter.log_tail()
+        );
+        assert_eq!(o["leaseError"], Value::Null, "adapter-{a}: {o}");
+        assert_eq!(o["rejected"], serde_json::json!({}), "adapter-{a}: {o}");
+        assert_eq!(
+            o["lease"],
+            format!("{LEASE_NS}/{}", lease_of(a)),
+            "adapter-{a}"
+        );
     }
 }
