@@ -8,6 +8,7 @@
 //! authorization `Node,RBAC`. No controller manager runs: tests write EndpointSlices
 //! themselves. Requests go through `curl` (the test crate has no TLS client).
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -376,6 +377,59 @@ impl KubeApiServer {
             404 => false,
             s => panic!("DELETE {path}: {s} {}", r.body),
         }
+    }
+
+    /// What `token` may do in `ns` (a SelfSubjectRulesReview: the RBAC authorizer's own
+    /// answer) as `(apiGroup, resource, verb, resourceName or "*")`, without what every
+    /// authenticated user has (system:basic-user's self reviews in authorization.k8s.io and
+    /// authentication.k8s.io).
+    pub fn rules_in(&self, token: &str, ns: &str) -> BTreeSet<(String, String, String, String)> {
+        let review = json!({"apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectRulesReview", "spec": {"namespace": ns}});
+        let r = self.request(
+            token,
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+            Some(&review),
+        );
+        assert_eq!(r.status, 201, "SelfSubjectRulesReview in {ns}: {}", r.body);
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        };
+        let mut rules = BTreeSet::new();
+        for rule in r.body["status"]["resourceRules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let mut names = strings(&rule["resourceNames"]);
+            if names.is_empty() {
+                names.push("*".into());
+            }
+            for group in strings(&rule["apiGroups"]) {
+                if group == "authorization.k8s.io" || group == "authentication.k8s.io" {
+                    continue;
+                }
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        for name in &names {
+                            rules.insert((
+                                group.clone(),
+                                resource.clone(),
+                                verb.clone(),
+                                name.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        rules
     }
 
     /// Kills the server (data kept: a [`KubeApiServer::restart`] comes back with it).

@@ -172,58 +172,6 @@ fn server_side_apply(kube: &KubeApiServer, token: &str, obj: &Value, force: bool
     )
 }
 
-/// What `token` may do in `ns` (a SelfSubjectRulesReview, the RBAC authorizer's own answer) as
-/// `(apiGroup, resource, verb, resourceName or "*")`, without what every authenticated user has
-/// (system:basic-user's self reviews in authorization.k8s.io and authentication.k8s.io).
-fn rules_in(
-    kube: &KubeApiServer,
-    token: &str,
-    ns: &str,
-) -> BTreeSet<(String, String, String, String)> {
-    let review = serde_json::json!({"apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectRulesReview", "spec": {"namespace": ns}});
-    let r = call(
-        kube,
-        token,
-        "POST",
-        "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
-        Some(&review),
-    );
-    assert_eq!(r.status, 201, "SelfSubjectRulesReview in {ns}: {}", r.body);
-    let strings = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .map(str::to_string)
-            .collect()
-    };
-    let mut rules = BTreeSet::new();
-    for rule in r.body["status"]["resourceRules"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let mut names = strings(&rule["resourceNames"]);
-        if names.is_empty() {
-            names.push("*".into());
-        }
-        for group in strings(&rule["apiGroups"]) {
-            if group == "authorization.k8s.io" || group == "authentication.k8s.io" {
-                continue;
-            }
-            for resource in strings(&rule["resources"]) {
-                for verb in strings(&rule["verbs"]) {
-                    for name in &names {
-                        rules.insert((group.clone(), resource.clone(), verb.clone(), name.clone()));
-                    }
-                }
-            }
-        }
-    }
-    rules
-}
-
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
 }
@@ -982,7 +930,7 @@ fn check_kube_output(kube: &KubeApiServer) {
                 want.insert(rule("coordination.k8s.io", "leases", "create", "*"));
             }
             assert_eq!(
-                rules_in(kube, token, ns),
+                kube.rules_in(token, ns),
                 want,
                 "adapter-{a}: its rights in {ns}"
             );

@@ -990,48 +990,6 @@ fn notes_mesh_config(notes: &str) -> Option<Value> {
     Some(serde_yaml::from_str(block).unwrap_or_else(|e| panic!("NOTES.txt block: {e}\n{block}")))
 }
 
-/// What a token may do in `ns`, as the RBAC authorizer lists it (SelfSubjectRulesReview), as
-/// `(apiGroup, resource, verb, resourceName or "*")`, without every user's self reviews.
-fn rules_in(
-    kube: &KubeApiServer,
-    token: &str,
-    ns: &str,
-) -> BTreeSet<(String, String, String, String)> {
-    let review = json!({"apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectRulesReview", "spec": {"namespace": ns}});
-    let r = kube.request(
-        token,
-        "POST",
-        "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
-        Some(&review),
-    );
-    assert_eq!(r.status, 201, "SelfSubjectRulesReview in {ns}: {}", r.body);
-    let mut rules = BTreeSet::new();
-    for rule in r.body["status"]["resourceRules"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let mut names = strings(&rule["resourceNames"]);
-        if names.is_empty() {
-            names.push("*".into());
-        }
-        for group in strings(&rule["apiGroups"]) {
-            if group == "authorization.k8s.io" || group == "authentication.k8s.io" {
-                continue;
-            }
-            for resource in strings(&rule["resources"]) {
-                for verb in strings(&rule["verbs"]) {
-                    for name in &names {
-                        rules.insert((group.clone(), resource.clone(), verb.clone(), name.clone()));
-                    }
-                }
-            }
-        }
-    }
-    rules
-}
-
 /// A dry-run create with strict field validation (an unknown or duplicate field is an error).
 fn strict_dry_run(kube: &KubeApiServer, obj: &Value) -> Result<(), String> {
     let path = format!("{}?dryRun=All&fieldValidation=Strict", collection_of(obj));
@@ -1169,7 +1127,7 @@ fn rendered_chart_on_the_api_server_and_notes_list_every_shard() {
                     want.insert(rule("coordination.k8s.io", "leases", "create", "*"));
                 }
                 assert_eq!(
-                    rules_in(&kube, &token, &place),
+                    kube.rules_in(&token, &place),
                     want,
                     "{}: rights in {place}",
                     e.file
