@@ -4,6 +4,14 @@
 //! `--host-suffix`; a VIP with a dot is a complete host name, one without is a registry name the
 //! suffix completes. Only instances whose effective status is UP become endpoints; the service
 //! is still emitted when none is, so that the core's `--on-empty` policy decides.
+//!
+//! Creation time: the earliest [`Instance::known_since`] among the app's instances (every status,
+//! so that an instance going DOWN moves nothing). Eureka has no time for an app itself, and an
+//! app exists exactly while it has instances: it is as old as its oldest instance. Every replica
+//! reading the same server computes the same time, a restart computes it again, and it changes
+//! only when the oldest instance leaves (the same rule as adapter-zookeeper's). The times are the
+//! serving server's clock: replicas reading different servers of a Eureka cluster may differ by
+//! the replication delay.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -39,6 +47,7 @@ pub fn convert_app(name: &str, instances: &BTreeMap<String, Instance>) -> Conver
         format!("eureka app {name}"),
     );
     svc.hosts = hosts(&key_name, instances);
+    svc.create_time = instances.values().filter_map(Instance::known_since).min();
 
     let up: Vec<(&String, &Instance)> = instances
         .iter()
@@ -279,6 +288,50 @@ mod tests {
             Some("us-east-1/us-east-1a")
         );
         assert_eq!(svc.endpoints[0].labels.get("protocol"), Some("grpc"));
+    }
+
+    #[test]
+    fn created_when_its_oldest_instance_was_first_known() {
+        let leased = |id: &str, status: &str, registered: u64, up: u64| {
+            let mut i = inst(id, "10.0.0.1", status, 8080);
+            i.lease_info = Some(crate::dto::LeaseInfo {
+                registration_timestamp: Some(registered),
+                service_up_timestamp: Some(up),
+            });
+            i
+        };
+        let ms = |s: &Service| {
+            s.create_time.map(|t| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .expect("after")
+                    .as_millis()
+            })
+        };
+        let mut all = map(vec![
+            leased("a", "UP", 5_000, 6_000),
+            // Re-registered at 9000, UP since 2000: known since 2000.
+            leased("b", "UP", 9_000, 2_000),
+            // Oldest, but DOWN: still counts (health does not move the time).
+            leased("c", "DOWN", 1_000, 0),
+        ]);
+        let svc = convert_app("ORDERS", &all).service.expect("svc");
+        assert_eq!(ms(&svc), Some(1_000));
+        // A new instance or another's re-registration changes nothing.
+        all.insert("d".into(), leased("d", "UP", 20_000, 20_000));
+        all.insert("b".into(), leased("b", "UP", 30_000, 2_000));
+        assert_eq!(
+            ms(&convert_app("ORDERS", &all).service.expect("svc")),
+            Some(1_000)
+        );
+        // The oldest leaves: the next oldest.
+        all.remove("c");
+        assert_eq!(
+            ms(&convert_app("ORDERS", &all).service.expect("svc")),
+            Some(2_000)
+        );
+        // No lease info (an old server): none, the core's fixed time.
+        let none = convert_app("ORDERS", &map(vec![inst("x", "10.0.0.1", "UP", 80)]));
+        assert_eq!(none.service.expect("svc").create_time, None);
     }
 
     #[test]

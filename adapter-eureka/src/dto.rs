@@ -5,6 +5,7 @@
 //! `application`, `instance` and the port `$`. Unknown fields are ignored.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer};
 
@@ -76,6 +77,25 @@ pub struct Instance {
     /// `ADDED`, `MODIFIED` or `DELETED` (meaningful in a delta).
     #[serde(default)]
     pub action_type: Option<String>,
+    /// The server's lease of the instance: when it registered and first went UP there.
+    #[serde(default)]
+    pub lease_info: Option<LeaseInfo>,
+}
+
+/// `{"registrationTimestamp": 1700000000000, "serviceUpTimestamp": ..., ...}`: milliseconds
+/// since the epoch, stamped by the server that holds the lease (0 = not yet). Renewal and
+/// eviction times are not read: they move with every heartbeat and say nothing about the
+/// service.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseInfo {
+    /// When the server created this lease: at the instance's registration, and again at every
+    /// re-registration (a Eureka client re-registers whenever its instance info changes).
+    #[serde(default, deserialize_with = "number_or_string")]
+    pub registration_timestamp: Option<u64>,
+    /// When the instance first went UP on this server; kept across re-registrations.
+    #[serde(default, deserialize_with = "number_or_string")]
+    pub service_up_timestamp: Option<u64>,
 }
 
 /// `{"$": 8080, "@enabled": "true"}`.
@@ -124,6 +144,20 @@ impl Instance {
             Some(s) if !s.is_empty() && s != "UNKNOWN" => s,
             _ => &self.status,
         }
+    }
+
+    /// The earliest time the serving Eureka server knows of this instance: the first of its
+    /// registration and its first UP (whichever is set). The registration time alone moves
+    /// whenever the client re-registers (on any change of its instance info); the first-UP time
+    /// survives that, so an instance that has been UP keeps its time.
+    pub fn known_since(&self) -> Option<SystemTime> {
+        let lease = self.lease_info.as_ref()?;
+        [lease.registration_timestamp, lease.service_up_timestamp]
+            .into_iter()
+            .flatten()
+            .filter(|ms| *ms > 0)
+            .min()
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
     }
 
     /// Metadata as strings, without Jackson's `@class` marker.
@@ -215,5 +249,32 @@ mod tests {
             serde_json::from_str(r#"{"applications":{"apps__hashcode":"","application":[]}}"#)
                 .expect("empty");
         assert!(empty.applications.application.is_empty());
+    }
+
+    #[test]
+    fn known_since_is_the_first_of_registration_and_first_up() {
+        let at = |json: &str| {
+            let i: Instance = serde_json::from_str(json).expect("instance");
+            i.known_since().map(|t| {
+                t.duration_since(UNIX_EPOCH)
+                    .expect("after 1970")
+                    .as_millis()
+            })
+        };
+        // Re-registered after it went UP: the first UP is earlier and is kept.
+        assert_eq!(
+            at(r#"{"leaseInfo":{"registrationTimestamp":1700000009000,
+                "serviceUpTimestamp":1700000001000,"lastRenewalTimestamp":1700000099000}}"#),
+            Some(1_700_000_001_000)
+        );
+        // Never UP (0), legacy string numbers.
+        assert_eq!(
+            at(
+                r#"{"leaseInfo":{"registrationTimestamp":"1700000002000","serviceUpTimestamp":"0"}}"#
+            ),
+            Some(1_700_000_002_000)
+        );
+        assert_eq!(at(r#"{"leaseInfo":{}}"#), None);
+        assert_eq!(at("{}"), None);
     }
 }

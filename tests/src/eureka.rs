@@ -334,6 +334,31 @@ impl Eureka {
         serde_json::from_str(&body).expect("delta JSON")
     }
 
+    /// `(instance id, registrationTimestamp, serviceUpTimestamp)` of `app`'s instances, as the
+    /// server's leases stamp them (milliseconds; 0 = not yet), by id.
+    pub fn leases(&self, app: &str) -> Vec<(String, u64, u64)> {
+        let apps = self.apps();
+        let list = apps["applications"]["application"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut out: Vec<(String, u64, u64)> = list
+            .iter()
+            .filter(|a| a["name"] == app.to_uppercase())
+            .flat_map(|a| a["instance"].as_array().cloned().unwrap_or_default())
+            .map(|i| {
+                let ms = |k: &str| i["leaseInfo"][k].as_u64().unwrap_or(0);
+                (
+                    i["instanceId"].as_str().unwrap_or("").to_string(),
+                    ms("registrationTimestamp"),
+                    ms("serviceUpTimestamp"),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Effective statuses of `app`'s instances by id, as `GET /apps` shows them.
     pub fn statuses(&self, app: &str) -> Vec<(String, String)> {
         let apps = self.apps();

@@ -2,7 +2,7 @@
 //! by tests/eureka/build.sh), observed through mcpctl as a sink sees it. The adapter runs with
 //! its default flags (refresh every 5s), so each change is served within one interval.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::Value;
 
@@ -278,6 +278,98 @@ fn metadata_change_reaches_the_endpoint_labels() {
     until("v1 served", &xds, |i| label(i).is_some_and(|v| v == "v1"));
     eureka.set_metadata("orders", "orders-1", "version", "v2");
     until("v2 served", &xds, |i| label(i).is_some_and(|v| v == "v2"));
+}
+
+/// The registry's creation time of `app` as RFC 3339: the earliest of every instance's
+/// registration and first UP on the server (what the adapter serves as `creationTimestamp`).
+fn oldest_lease(eureka: &Eureka, app: &str) -> String {
+    let ms = eureka
+        .leases(app)
+        .iter()
+        .flat_map(|(_, registered, up)| [*registered, *up])
+        .filter(|ms| *ms > 0)
+        .min()
+        .expect("leases with times");
+    mcpctl::render::rfc3339(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+fn created(items: &[Value], name: &str) -> Value {
+    find(items, name).expect("served")["metadata"]["creationTimestamp"].clone()
+}
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn create_time_is_the_oldest_instance_and_replicas_and_restarts_agree() {
+    let eureka = Eureka::start();
+    eureka.register(&orders_1_v1());
+    // Another millisecond for the second instance's lease.
+    std::thread::sleep(Duration::from_millis(20));
+    eureka.register(&Instance::new("orders", "orders-2", "10.0.0.2", 8080));
+    let oldest = oldest_lease(&eureka, "orders");
+    assert!(!oldest.starts_with("1970"), "{oldest}");
+
+    let (mut one, xds_one) = adapter_defaults(&eureka);
+    let (two, xds_two) = adapter_defaults(&eureka);
+    let both = |i: &[Value]| addresses_of(i, "orders").is_some_and(|v| v.len() == 2);
+    let a = until("orders on replica one", &xds_one, both);
+    let b = until("orders on replica two", &xds_two, both);
+    assert_eq!(
+        created(&a, "orders"),
+        oldest.as_str(),
+        "the registry's time"
+    );
+    assert_eq!(
+        find(&a, "orders"),
+        find(&b, "orders"),
+        "replicas agree on every byte, creation time and version included"
+    );
+
+    // Unrelated changes: a third instance, and orders-1 registering again with new metadata
+    // (what a Eureka client does when its instance info changes: the server makes a new lease,
+    // with a new registration time, and keeps the first-UP time).
+    let (_, registered_before, _) = eureka.leases("orders")[0].clone();
+    std::thread::sleep(Duration::from_millis(20));
+    eureka.register(&Instance::new("orders", "orders-3", "10.0.0.3", 8080));
+    eureka.register(
+        &Instance::new("orders", "orders-1", "10.0.0.1", 8080).with_metadata("version", "v2"),
+    );
+    let (_, registered_after, _) = eureka.leases("orders")[0].clone();
+    assert!(registered_after > registered_before, "a new lease");
+    let changed = |i: &[Value]| {
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 3)
+            && find(i, "orders").is_some_and(|o| {
+                o["spec"]["endpoints"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|e| e["labels"]["version"] == "v2"))
+            })
+    };
+    let a = until("orders-3 and v2 on replica one", &xds_one, changed);
+    let b = until("orders-3 and v2 on replica two", &xds_two, changed);
+    assert_eq!(created(&a, "orders"), oldest.as_str(), "unchanged");
+    assert_eq!(find(&a, "orders"), find(&b, "orders"));
+
+    // A restart computes the same.
+    one.restart();
+    one.wait_ready();
+    let a = until("orders after a restart", &xds_one, |i| {
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 3)
+    });
+    assert_eq!(
+        find(&a, "orders"),
+        find(&b, "orders"),
+        "same bytes after a restart"
+    );
+
+    // The oldest instance leaves: the service is as old as its oldest instance left.
+    eureka.deregister("orders", "orders-1");
+    let next = oldest_lease(&eureka, "orders");
+    assert_ne!(next, oldest);
+    let a = until("orders-1 gone", &xds_one, |i| {
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
+    });
+    assert_eq!(created(&a, "orders"), next.as_str());
+    one.assert_no_registry_errors("while instances came and went");
+    two.assert_no_registry_errors("while instances came and went");
 }
 
 #[test]
