@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::{ConsulConfig, MAX_CONCURRENCY};
 use crate::convert::HealthEntry;
-use mcp_core::http_client::ReloadingClient;
+use mcp_core::http_client::{BodyError, ReloadingClient};
 use mcp_core::secret::{Secret, SecretSource};
 
 /// Why a request to Consul failed.
@@ -53,6 +53,9 @@ pub enum ConsulError {
         /// Consul's message.
         body: String,
     },
+    /// An answer over `--max-response-size` (the message names the URL and the limit).
+    #[error("{0}")]
+    TooLarge(String),
     /// The body was not what the API documents.
     #[error("cannot decode consul's answer to {path}: {message}")]
     Decode {
@@ -67,7 +70,9 @@ impl From<ConsulError> for mcp_core::RegistryError {
     fn from(e: ConsulError) -> Self {
         match e {
             ConsulError::AccessDenied { .. } => Self::Unauthorized(e.to_string()),
-            ConsulError::Decode { .. } => Self::BadResponse(e.to_string()),
+            ConsulError::Decode { .. } | ConsulError::TooLarge(_) => {
+                Self::BadResponse(e.to_string())
+            }
             _ => Self::Unavailable(e.to_string()),
         }
     }
@@ -143,6 +148,7 @@ impl ConsulClient {
         settings.capath = cfg.capath.clone();
         settings.verify = cfg.ssl_verify;
         settings.max_idle = concurrency + WATCHES;
+        settings.max_response = cfg.response.max_response_size;
         if let Some(name) = &cfg.tls_server_name {
             // Verify `name` while connecting to the configured address: ask for `name` and
             // resolve it to where the address points.
@@ -303,9 +309,12 @@ impl ConsulClient {
         })?;
         let status = resp.status();
         let index = self.index_of(resp.headers(), path);
-        let body = resp.bytes().await.map_err(|e| ConsulError::Unreachable {
-            addr: c.base.clone(),
-            message: error_chain(&e),
+        let body = c.http.body(resp).await.map_err(|e| match e {
+            BodyError::TooLarge { .. } => ConsulError::TooLarge(e.to_string()),
+            BodyError::Read { .. } => ConsulError::Unreachable {
+                addr: c.base.clone(),
+                message: e.to_string(),
+            },
         })?;
         Ok((status, index, body))
     }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::flags::{FilterFlags, TlsFlags};
+use mcp_core::flags::{FilterFlags, ResponseFlags, TlsFlags};
 use mcp_core::parse;
 
 /// Consul connection and selection settings.
@@ -48,6 +48,10 @@ pub struct ConsulConfig {
     /// as the consul CLI names them.
     #[command(flatten)]
     pub tls: TlsFlags<ConsulTls>,
+
+    /// `--max-response-size` (`MCP_MAX_RESPONSE_SIZE`): the largest answer read from Consul.
+    #[command(flatten)]
+    pub response: ResponseFlags,
 
     /// Directory of PEM CA certificates to verify Consul's HTTPS certificate (re-read when a
     /// file in it changes).

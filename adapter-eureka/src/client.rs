@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use mcp_core::http_client::{HttpError, ReloadingClient};
+use mcp_core::http_client::{BodyError, HttpError, ReloadingClient};
 use mcp_core::secret::{Secret, SecretSource};
 use reqwest::StatusCode;
 
@@ -173,6 +173,7 @@ impl Client {
         settings.timeout = Some(cfg.timeout);
         settings.connect_timeout = cfg.timeout.min(Duration::from_secs(5));
         settings.max_idle = 2;
+        settings.max_response = cfg.response.max_response_size;
         let http = ReloadingClient::new(settings).map_err(|e| match e {
             HttpError::Build(m) => ClientError::Build(m),
             other => ClientError::Tls(other.to_string()),
@@ -278,10 +279,14 @@ impl Client {
                 message: format!("{path}: HTTP {status}"),
             }));
         }
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| Attempt::Next(without_url(e).to_string()))?;
+        let body = self.http.body(resp).await.map_err(|e| match e {
+            // Another server holds the same registry: its answer would be as large.
+            BodyError::TooLarge { .. } => Attempt::Fatal(ClientError::BadResponse {
+                url: base.to_string(),
+                message: e.to_string(),
+            }),
+            BodyError::Read { .. } => Attempt::Next(e.to_string()),
+        })?;
         let root: Root = serde_json::from_slice(&body).map_err(|e| {
             Attempt::Fatal(ClientError::BadResponse {
                 url: base.to_string(),

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::flags::{FilterFlags, TlsFlags};
+use mcp_core::flags::{FilterFlags, ResponseFlags, TlsFlags};
 use mcp_core::parse;
 
 /// Eureka connection and selection settings.
@@ -49,6 +49,10 @@ pub struct EurekaConfig {
     /// `EUREKA_CLIENT_CERT`, `EUREKA_CLIENT_KEY`).
     #[command(flatten)]
     pub tls: TlsFlags<EurekaTls>,
+
+    /// `--max-response-size` (`MCP_MAX_RESPONSE_SIZE`): the largest `/apps` or delta read.
+    #[command(flatten)]
+    pub response: ResponseFlags,
 
     /// `--app` / `--exclude-app` (`MCP_EUREKA_APPS` / `MCP_EUREKA_EXCLUDE_APPS`), matched
     /// case-insensitively.

@@ -1,6 +1,8 @@
 //! Flag groups that several adapters declare, each under names of its own: an allow/deny
 //! filter (`--service`/`--exclude-service` for Consul and ZooKeeper, `--app`/`--exclude-app`
-//! for Eureka, ...) and the TLS files of a registry client (`--consul-ca`, `--eureka-ca`, ...).
+//! for Eureka, ...) and the TLS files of a registry client (`--consul-ca`, `--eureka-ca`, ...);
+//! and one under the same name wherever it is: [`ResponseFlags`], the body cap of the adapters
+//! that read their registry over HTTP (Consul, Eureka).
 //!
 //! The meaning, the parsing and the help text are written once here; an adapter names its
 //! flags by implementing [`FilterNames`] or [`TlsNames`] on a marker type and flattens
@@ -13,6 +15,7 @@ use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 
 use crate::filter::NameFilter;
 use crate::http_client::HttpSettings;
+use crate::parse;
 
 /// The names of one allow/deny filter pair.
 pub trait FilterNames: Clone + std::fmt::Debug + Send + Sync + 'static {
@@ -265,6 +268,37 @@ impl<N: TlsNames> FromArgMatches for TlsFlags<N> {
     }
 }
 
+/// `--max-response-size`, for adapters that read their registry over HTTP.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct ResponseFlags {
+    /// Largest answer read from the registry (`64MiB`, `512KiB`). A larger one is not read on:
+    /// it is an error naming the URL and this limit, the watch fails as in an outage
+    /// (`/registryz` 503) and the last good state stays served.
+    #[arg(
+        long,
+        env = "MCP_MAX_RESPONSE_SIZE",
+        default_value = "64MiB",
+        value_parser = response_size
+    )]
+    pub max_response_size: u64,
+}
+
+impl Default for ResponseFlags {
+    fn default() -> Self {
+        Self {
+            max_response_size: crate::http_client::DEFAULT_MAX_RESPONSE,
+        }
+    }
+}
+
+/// A byte count above 0.
+fn response_size(s: &str) -> Result<u64, String> {
+    match parse::size(s)? {
+        0 => Err(format!("invalid size {s:?}: must be above 0")),
+        n => Ok(n),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +324,8 @@ mod tests {
         apps: FilterFlags<Apps>,
         #[command(flatten)]
         tls: TlsFlags<Peer>,
+        #[command(flatten)]
+        response: ResponseFlags,
     }
 
     #[test]
@@ -316,6 +352,16 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--peer-client-cert", "c.pem"]).is_err());
         let defaults = Cli::try_parse_from(["x"]).expect("parses");
         assert!(defaults.apps.allow.is_empty() && defaults.tls.client_cert.is_none());
+        assert_eq!(defaults.response.max_response_size, 64 << 20);
+        assert_eq!(
+            ResponseFlags::default().max_response_size,
+            defaults.response.max_response_size
+        );
+        let small = Cli::try_parse_from(["x", "--max-response-size", "512KiB"]).expect("parses");
+        assert_eq!(small.response.max_response_size, 512 << 10);
+        for bad in ["0", "lots"] {
+            assert!(Cli::try_parse_from(["x", "--max-response-size", bad]).is_err());
+        }
     }
 
     impl Cli {

@@ -5,6 +5,11 @@
 //! The connection pool keeps at most `max_idle` idle connections per host: Consul's agent refuses
 //! more than `limits.http_max_conns_per_client` (default 200) open connections from one address,
 //! and idle keep-alive connections count too. The callers bound the requests in flight.
+//!
+//! Bodies are read through [`ReloadingClient::body`], never whole and unchecked: a registry (or
+//! something posing as one) that answers without end would otherwise take all the memory. A body
+//! over `--max-response-size` is an error naming the URL and the limit; the caller's watch then
+//! fails like an outage and the last good state stays served.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,6 +17,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::secret::FileStamp;
+
+/// Default of `--max-response-size`: far above a large registry's answer (Consul's catalog of
+/// 5,000 services is about 1 MiB, Eureka's `/apps` about 1.2 KiB per instance), far below memory.
+pub const DEFAULT_MAX_RESPONSE: u64 = 64 << 20;
 
 /// How often the TLS files are checked for changes (a `stat` each; requests between checks use
 /// the current client).
@@ -46,6 +55,27 @@ pub enum HttpError {
     Build(String),
 }
 
+/// Why a response body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The body is larger than the cap (said by `Content-Length`, or found while reading).
+    #[error("the answer of {url} is larger than --max-response-size {} ({limit} bytes); raise it if the registry is really this large", crate::parse::format_size(*.limit))]
+    TooLarge {
+        /// Where it came from (its query too; never credentials: they travel in headers).
+        url: String,
+        /// The cap.
+        limit: u64,
+    },
+    /// The connection failed while reading.
+    #[error("reading the answer of {url}: {message}")]
+    Read {
+        /// Where it came from.
+        url: String,
+        /// What failed.
+        message: String,
+    },
+}
+
 /// What the HTTP client is built from.
 #[derive(Clone, Debug)]
 pub struct HttpSettings {
@@ -67,6 +97,8 @@ pub struct HttpSettings {
     pub timeout: Option<Duration>,
     /// Longest a connection may take to open.
     pub connect_timeout: Duration,
+    /// Largest response body read ([`ReloadingClient::body`]).
+    pub max_response: u64,
 }
 
 impl HttpSettings {
@@ -82,6 +114,7 @@ impl HttpSettings {
             max_idle: usize::MAX,
             timeout: None,
             connect_timeout: Duration::from_secs(5),
+            max_response: DEFAULT_MAX_RESPONSE,
         }
     }
 
@@ -182,6 +215,33 @@ fn pem_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The body of `resp`, refused when over `limit` bytes.
+async fn read_capped(mut resp: reqwest::Response, limit: u64) -> Result<bytes::Bytes, BodyError> {
+    let url = resp.url().to_string();
+    let too_large = |url: String| BodyError::TooLarge { url, limit };
+    if resp.content_length().is_some_and(|n| n > limit) {
+        return Err(too_large(url));
+    }
+    let mut body = bytes::BytesMut::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                if (body.len() + chunk.len()) as u64 > limit {
+                    return Err(too_large(url));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(body.freeze()),
+            Err(e) => {
+                return Err(BodyError::Read {
+                    url,
+                    message: crate::telemetry::error_chain(&e.without_url()),
+                })
+            }
+        }
+    }
+}
+
 /// A client that follows its TLS files.
 #[derive(Debug)]
 pub struct ReloadingClient {
@@ -211,6 +271,12 @@ impl ReloadingClient {
         })
     }
 
+    /// The body of `resp`, at most [`HttpSettings::max_response`] bytes: a larger one is refused
+    /// as soon as its `Content-Length` or the bytes read so far say so, without reading the rest.
+    pub async fn body(&self, resp: reqwest::Response) -> Result<bytes::Bytes, BodyError> {
+        read_capped(resp, self.settings.max_response).await
+    }
+
     /// The client to use now: rebuilt first if a TLS file changed since it was built. A file
     /// that is mid-rotation (unreadable or invalid) keeps the previous client and is tried
     /// again at the next check.
@@ -236,5 +302,76 @@ impl ReloadingClient {
             }
         }
         cur.client.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A one-shot HTTP server on loopback answering every request with `head` and then `body`
+    /// `repeat` times; its URL.
+    async fn serve(head: &'static str, body: &'static [u8], repeat: usize) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(head.as_bytes()).await;
+                for _ in 0..repeat {
+                    if s.write_all(body).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        format!("http://{addr}/v1/catalog/services?index=7")
+    }
+
+    async fn fetch(url: &str, limit: u64) -> Result<bytes::Bytes, BodyError> {
+        let mut settings = HttpSettings::new("Test");
+        settings.max_response = limit;
+        let client = ReloadingClient::new(settings).expect("client");
+        let resp = client.get().get(url).send().await.expect("response");
+        client.body(resp).await
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_cap_are_refused_naming_url_and_limit() {
+        // Within the cap.
+        let url = serve("HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n", b"{}[]", 1).await;
+        assert_eq!(&fetch(&url, 4).await.expect("fits")[..], b"{}[]");
+
+        // Said by Content-Length: refused before reading (the server sends only part of it).
+        let url = serve(
+            "HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n",
+            b"[",
+            1,
+        )
+        .await;
+        let e = fetch(&url, 1024).await.expect_err("too large");
+        let msg = e.to_string();
+        assert!(
+            matches!(e, BodyError::TooLarge { limit: 1024, .. }),
+            "{e:?}"
+        );
+        assert!(
+            msg.contains(&url) && msg.contains("--max-response-size 1 KiB"),
+            "{msg}"
+        );
+
+        // No length (the connection closes at the end): found while reading, the rest unread.
+        let url = serve(
+            "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n",
+            b"0123456789abcdef",
+            100_000,
+        )
+        .await;
+        let e = fetch(&url, 64 << 10).await.expect_err("too large");
+        assert!(matches!(e, BodyError::TooLarge { .. }), "{e:?}");
     }
 }
