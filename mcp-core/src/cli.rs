@@ -36,6 +36,9 @@ pub enum OnEmpty {
     Remove,
 }
 
+/// Default of `--max-labels`.
+pub const DEFAULT_MAX_LABELS: usize = 64;
+
 /// Most shards one process serves (`--shards`): each is a port and a snapshot of its own.
 pub const MAX_SHARDS: i64 = 64;
 
@@ -133,6 +136,20 @@ pub struct CommonArgs {
     #[arg(long, env = "MCP_MAX_MESSAGE_SIZE", value_parser = message_size)]
     pub max_message_size: Option<usize>,
 
+    /// Most labels kept on one endpoint, and on one ServiceEntry (besides the adapter's own two):
+    /// registry metadata (Consul tags and meta, Eureka metadata, Dubbo URL parameters, pod
+    /// labels) becomes labels, and istiod holds and sends every one to every proxy. The first
+    /// ones by key stay; what is cut is logged and counted
+    /// (`mcp_adapter_translation_warnings_total{kind="label_limit"}`). Values are already held to
+    /// Kubernetes' 63 characters (longer ones are dropped as invalid).
+    #[arg(
+        long,
+        env = "MCP_MAX_LABELS",
+        default_value_t = DEFAULT_MAX_LABELS,
+        value_parser = label_count
+    )]
+    pub max_labels: usize,
+
     /// PEM CA bundle: sinks must present a client certificate signed by it.
     #[arg(long, env = "MCP_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
@@ -153,6 +170,15 @@ impl CommonArgs {
             ),
         }
     }
+}
+
+/// `--max-labels`: a count above 0.
+fn label_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("invalid count {s:?}: a whole number above 0"))
 }
 
 /// `--max-message-size`: a byte count ([`parse::size`]) above 0 that fits in memory.
@@ -188,6 +214,16 @@ mod tests {
         )
         .map(|a| a.common)
         .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn max_labels_is_a_count_above_zero() {
+        assert_eq!(parse(&[]).map(|a| a.max_labels), Ok(DEFAULT_MAX_LABELS));
+        assert_eq!(parse(&["--max-labels", "8"]).map(|a| a.max_labels), Ok(8));
+        for bad in ["0", "-1", "many"] {
+            let e = parse(&["--max-labels", bad]).expect_err(bad);
+            assert!(e.contains("--max-labels"), "{e}");
+        }
     }
 
     #[test]

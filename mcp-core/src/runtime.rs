@@ -232,6 +232,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         source: source.clone(),
         on_empty: args.on_empty,
         vip_cidr: args.vip_cidr.unwrap_or(R::DEFAULT_VIP_CIDR),
+        max_labels: args.max_labels,
     };
     let shards = usize::from(args.shards.max(1));
     let (listen, admin) = (args.listen, args.admin_listen);

@@ -52,6 +52,7 @@ pub fn translate_config() -> TranslateConfig {
         source: "fake".into(),
         on_empty: mcp_core::cli::OnEmpty::Keep,
         vip_cidr: mcp_core::vip::VipCidr::Off,
+        max_labels: mcp_core::cli::DEFAULT_MAX_LABELS,
     }
 }
 

@@ -41,6 +41,10 @@ pub struct TranslateConfig {
     pub on_empty: OnEmpty,
     /// Where virtual IPs for TCP services without an address come from.
     pub vip_cidr: VipCidr,
+    /// Most labels kept per endpoint and per resource (`--max-labels`): registries turn free-form
+    /// metadata into labels, and every label of every endpoint is held by istiod and sent to
+    /// every proxy.
+    pub max_labels: usize,
 }
 
 /// Settings for unit tests: namespace `ns`, suffix `example`.
@@ -54,6 +58,7 @@ pub(crate) fn test_config(on_empty: OnEmpty, vip_cidr: VipCidr) -> TranslateConf
         source: "test".into(),
         on_empty,
         vip_cidr,
+        max_labels: crate::cli::DEFAULT_MAX_LABELS,
     }
 }
 
@@ -113,6 +118,8 @@ pub enum WarningKind {
     Endpoint,
     /// An endpoint port mapping naming no service port or out of range.
     EndpointPort,
+    /// Labels over `--max-labels` on one endpoint or resource.
+    LabelLimit,
 }
 
 impl WarningKind {
@@ -122,6 +129,7 @@ impl WarningKind {
             Self::Label => "label",
             Self::Endpoint => "endpoint",
             Self::EndpointPort => "endpoint_port",
+            Self::LabelLimit => "label_limit",
         }
     }
 }

@@ -67,6 +67,7 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
         model_endpoints,
         resolution,
         &ports,
+        cfg.max_labels,
         &mut errors,
         &mut warnings,
     );
@@ -91,11 +92,22 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
         );
     }
 
+    // A selector is never cut short: fewer labels would select more workloads.
     let workload_selector = workload_selector.map(|sel| WorkloadSelector {
-        labels: clean_labels(sel, || "spec.workloadSelector.labels".into(), &mut warnings),
+        labels: clean_labels(
+            sel,
+            usize::MAX,
+            || "spec.workloadSelector.labels".into(),
+            &mut warnings,
+        ),
     });
 
-    let mut labels = clean_labels(model_labels, || "metadata.labels".into(), &mut warnings);
+    let mut labels = clean_labels(
+        model_labels,
+        cfg.max_labels,
+        || "metadata.labels".into(),
+        &mut warnings,
+    );
     labels.insert(LABEL_REGISTRY.into(), label_safe(&cfg.registry));
     labels.insert(LABEL_SOURCE.into(), label_safe(&cfg.source));
 
@@ -265,6 +277,7 @@ fn endpoints(
     model: Vec<Endpoint>,
     resolution: Resolution,
     ports: &[ServicePort],
+    max_labels: usize,
     errors: &mut Vec<String>,
     warnings: &mut Vec<(WarningKind, String)>,
 ) -> Vec<Endpoint> {
@@ -275,7 +288,7 @@ fn endpoints(
         return Vec::new();
     }
     let mut out = Vec::with_capacity(model.len());
-    let mut checked = CheckedLabels::default();
+    let mut checked = CheckedLabels::new(max_labels);
     for (i, mut ep) in model.into_iter().enumerate() {
         // Field paths are only formatted when something is wrong (this loop is the hot path).
         let field = || format!("spec.endpoints[{i}]");
@@ -350,57 +363,75 @@ fn check_endpoint_address(ep: &Endpoint, resolution: Resolution) -> Result<(), S
 /// than once per endpoint; a valid set (the usual case) is kept as is, shared, not copied. At most
 /// [`CheckedLabels::MAX`] sets are remembered, so a service whose endpoints all carry different
 /// labels costs no more than checking each.
-#[derive(Default)]
 struct CheckedLabels {
+    /// `--max-labels`.
+    max_labels: usize,
     seen: Vec<Checked>,
 }
 
 struct Checked {
     given: LabelSet,
     clean: LabelSet,
-    /// One message per dropped label.
-    problems: Vec<String>,
+    /// What was dropped, one message each (without the field).
+    problems: Vec<(WarningKind, String)>,
 }
 
 impl CheckedLabels {
     const MAX: usize = 16;
 
-    /// `labels` without the ones Kubernetes would reject, one warning each.
+    fn new(max_labels: usize) -> Self {
+        Self {
+            max_labels,
+            seen: Vec::new(),
+        }
+    }
+
+    /// `labels` without the ones Kubernetes would reject and those over `--max-labels`, one
+    /// warning each.
     fn clean(
         &mut self,
         labels: LabelSet,
         field: impl Fn() -> String,
         warnings: &mut Vec<(WarningKind, String)>,
     ) -> LabelSet {
+        let max = self.max_labels;
         let checked = match self.seen.iter().position(|c| c.given.ptr_eq(&labels)) {
             Some(i) => &self.seen[i],
             None if self.seen.len() < Self::MAX => {
-                self.seen.push(Checked::of(labels));
+                self.seen.push(Checked::of(labels, max));
                 &self.seen[self.seen.len() - 1]
             }
-            None => &Checked::of(labels),
+            None => &Checked::of(labels, max),
         };
-        for e in &checked.problems {
-            warnings.push((
-                WarningKind::Label,
-                format!("{}: {e}; label dropped", field()),
-            ));
+        for (kind, e) in &checked.problems {
+            warnings.push((*kind, format!("{}: {e}", field())));
         }
         checked.clean.clone()
     }
 }
 
 impl Checked {
-    fn of(given: LabelSet) -> Self {
+    fn of(given: LabelSet, max_labels: usize) -> Self {
         let check = |k: &str, v: &str| check_label_key(k).and_then(|()| check_label_value(k, v));
-        let problems: Vec<String> = given
+        let mut problems: Vec<(WarningKind, String)> = given
             .iter()
             .filter_map(|(k, v)| check(k, v).err())
+            .map(|e| (WarningKind::Label, format!("{e}; label dropped")))
             .collect();
-        let clean = if problems.is_empty() {
+        let valid = given.len() - problems.len();
+        let clean = if problems.is_empty() && valid <= max_labels {
             given.clone()
         } else {
-            given.iter().filter(|(k, v)| check(k, v).is_ok()).collect()
+            let kept: Vec<(&str, &str)> =
+                given.iter().filter(|(k, v)| check(k, v).is_ok()).collect();
+            if valid > max_labels {
+                let dropped: Vec<&str> = kept[max_labels..].iter().map(|(k, _)| *k).collect();
+                problems.push((
+                    WarningKind::LabelLimit,
+                    over_limit(valid, max_labels, &dropped),
+                ));
+            }
+            kept.into_iter().take(max_labels).collect()
         };
         Self {
             given,
@@ -410,9 +441,11 @@ impl Checked {
     }
 }
 
-/// Drops labels Kubernetes would reject, one warning each.
+/// Drops labels Kubernetes would reject, and those over `max` (the first `max` by key stay),
+/// one warning each.
 fn clean_labels(
     mut labels: Labels,
+    max: usize,
     field: impl Fn() -> String,
     warnings: &mut Vec<(WarningKind, String)>,
 ) -> Labels {
@@ -428,7 +461,39 @@ fn clean_labels(
             }
         },
     );
+    if labels.len() > max {
+        let valid = labels.len();
+        let over: Vec<String> = labels.keys().skip(max).cloned().collect();
+        for k in &over {
+            labels.remove(k);
+        }
+        let dropped: Vec<&str> = over.iter().map(String::as_str).collect();
+        warnings.push((
+            WarningKind::LabelLimit,
+            format!("{}: {}", field(), over_limit(valid, max, &dropped)),
+        ));
+    }
     labels
+}
+
+/// Names shown of the labels a limit dropped; the rest are counted.
+const DROPPED_SHOWN: usize = 5;
+
+/// The warning for `valid` labels cut to `max`: which stayed and which went.
+fn over_limit(valid: usize, max: usize, dropped: &[&str]) -> String {
+    let mut names = dropped
+        .iter()
+        .take(DROPPED_SHOWN)
+        .map(|k| format!("{k:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if dropped.len() > DROPPED_SHOWN {
+        names.push_str(&format!(" and {} more", dropped.len() - DROPPED_SHOWN));
+    }
+    format!(
+        "{valid} labels, more than --max-labels {max}; kept the first {max} by key, dropped {}: {names}",
+        dropped.len()
+    )
 }
 
 /// Source and registry names become label values; map them rather than fail.
@@ -455,6 +520,7 @@ mod tests {
             source: "dc1".into(),
             on_empty: crate::cli::OnEmpty::Keep,
             vip_cidr: crate::vip::VipCidr::Off,
+            max_labels: crate::cli::DEFAULT_MAX_LABELS,
         }
     }
 
@@ -552,6 +618,75 @@ mod tests {
         );
         assert!(t.endpoints.iter().all(|e| e.labels == good));
         assert!(t.endpoints[0].labels.ptr_eq(&t.endpoints[2].labels));
+    }
+
+    /// Registry metadata can carry any number of labels: each endpoint and the resource keep
+    /// the first `--max-labels` valid ones by key, one `label_limit` warning per cut set; the
+    /// selector is never cut (it would select more).
+    #[test]
+    fn labels_over_the_limit_are_cut_to_the_first_by_key_with_one_warning() {
+        let many: LabelSet = (0..200)
+            .map(|i| (format!("k{i:03}"), format!("v{i}")))
+            .chain([("bad key".to_string(), "v".to_string())])
+            .collect();
+        let mut s = mk_service("web");
+        s.labels = (0..70).map(|i| (format!("r{i:02}"), "x".into())).collect();
+        s.workload_selector = Some((0..70).map(|i| (format!("s{i:02}"), "x".into())).collect());
+        let mut c = cfg();
+        c.max_labels = 64;
+        let t = translate(s.clone(), &c).expect("valid");
+        // The resource: 64 of its own plus registry and source.
+        assert_eq!(t.labels.len(), 66);
+        assert!(t.labels.contains_key("r63") && !t.labels.contains_key("r64"));
+        assert_eq!(
+            t.spec.workload_selector.as_ref().map(|w| w.labels.len()),
+            Some(70)
+        );
+        assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
+        assert_eq!(t.warnings[0].0, WarningKind::LabelLimit);
+        assert_eq!(
+            t.warnings[0].1,
+            "metadata.labels: 70 labels, more than --max-labels 64; kept the first 64 by key, \
+             dropped 6: \"r64\", \"r65\", \"r66\", \"r67\", \"r68\" and 1 more"
+        );
+
+        s.workload_selector = None;
+        s.labels.clear();
+        s.endpoints = (1..=3)
+            .map(|i| Endpoint {
+                labels: many.clone(),
+                ..mk_endpoint(&format!("10.0.0.{i}"))
+            })
+            .collect();
+        let t = translate(s, &c).expect("valid");
+        for ep in &t.endpoints {
+            assert_eq!(ep.labels.len(), 64);
+            assert_eq!(ep.labels.get("k063"), Some("v63"));
+            assert_eq!(ep.labels.get("k064"), None);
+        }
+        // The cut set is computed once and shared by the endpoints that shared the given one.
+        assert!(t.endpoints[0].labels.ptr_eq(&t.endpoints[2].labels));
+        let kinds = |k| t.warnings.iter().filter(|(w, _)| *w == k).count();
+        assert_eq!(
+            kinds(WarningKind::Label),
+            3,
+            "the invalid one, per endpoint"
+        );
+        assert_eq!(kinds(WarningKind::LabelLimit), 3, "one per endpoint");
+        assert!(t.warnings.iter().any(|(k, w)| *k == WarningKind::LabelLimit
+            && w.starts_with("spec.endpoints[1].labels: 200 labels, more than --max-labels 64")
+            && w.contains("dropped 136: \"k064\"")));
+
+        // At the limit: nothing cut, the given set kept as is.
+        let mut s = mk_service("web");
+        let exact: LabelSet = (0..64).map(|i| (format!("k{i:03}"), "v")).collect();
+        s.endpoints = vec![Endpoint {
+            labels: exact.clone(),
+            ..mk_endpoint("10.0.0.1")
+        }];
+        let t = translate(s, &c).expect("valid");
+        assert!(t.warnings.is_empty());
+        assert!(t.endpoints[0].labels.ptr_eq(&exact));
     }
 
     #[test]
