@@ -218,6 +218,38 @@ impl Adapter {
         self.assert_steady_polling(window, Duration::from_millis(250), &[]);
     }
 
+    /// Steady again after registry errors, observed for `window`: the error count no longer
+    /// grows, `/registryz` and `/readyz` answer 200, and not one new snapshot is built.
+    pub fn assert_recovered(&self, window: Duration) {
+        let errors = self.metric("mcp_adapter_registry_errors_total");
+        let snapshots = self.metric("mcp_adapter_snapshots_total");
+        let end = Instant::now() + window;
+        while Instant::now() < end {
+            for path in ["/registryz", "/readyz"] {
+                let (status, body) = self.get(path);
+                assert_eq!(
+                    status,
+                    200,
+                    "{path} after recovery: {body}; log:\n{}",
+                    self.log_tail()
+                );
+            }
+            assert_eq!(
+                self.metric("mcp_adapter_registry_errors_total"),
+                errors,
+                "registry errors after recovery; log:\n{}",
+                self.log_tail()
+            );
+            assert_eq!(
+                self.metric("mcp_adapter_snapshots_total"),
+                snapshots,
+                "a snapshot was built while nothing changed; log:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
     /// [`Adapter::assert_steady`], looking every `every`, with `also` (admin paths) answering
     /// 200 too.
     pub fn assert_steady_polling(&self, window: Duration, every: Duration, also: &[&str]) {

@@ -461,3 +461,117 @@ fn five_thousand_services_on_a_stock_agent() {
     assert_eq!(addresses(find(&items, "svc-99").expect("svc-99")).len(), 3);
     a.assert_steady(Duration::from_secs(3));
 }
+
+/// The endpoint labels of the first endpoint of `item`.
+fn first_labels(item: &Value) -> serde_json::Map<String, Value> {
+    item["spec"]["endpoints"][0]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
+fn two_hundred_tags_are_cut_to_max_labels_with_a_warning_and_the_service_served() {
+    let consul = Consul::start(None);
+    let tags: Vec<String> = (0..200).map(|i| format!("k{i:03}|v{i}")).collect();
+    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+    consul.register(&web_instance("n1", "web-1", "10.0.0.1").tags(&tags));
+    consul.register(&web_instance("n2", "web-2", "10.0.0.2").tags(&["version|v1"]));
+    let a = adapter(&consul, &["--exclude-service", "cons*"], &[]);
+    a.wait_ready();
+    let xds = a.xds_url();
+    let items = until("web with both instances", &xds, |i| {
+        find(i, "web").is_some_and(|w| addresses(w).len() == 2)
+    });
+    let web = find(&items, "web").expect("web");
+    // Endpoints are sorted by address: 10.0.0.1 is the one with 200 tags (+ `protocol` meta).
+    let many = first_labels(web);
+    assert_eq!(many.len(), 64, "the default --max-labels");
+    assert_eq!(many["k063"], "v63");
+    assert!(!many.contains_key("k064") && !many.contains_key("protocol"));
+    let few = web["spec"]["endpoints"][1]["labels"].clone();
+    assert_eq!(few["version"], "v1", "the other endpoint is untouched");
+    let warned = || {
+        a.metric_with(
+            "mcp_adapter_translation_warnings_total",
+            "kind=\"label_limit\"",
+        )
+    };
+    assert_eq!(warned(), 1.0, "one cut label set; log:\n{}", a.log_tail());
+    assert!(
+        a.log().contains("201 labels, more than --max-labels 64"),
+        "{}",
+        a.log_tail()
+    );
+    // Nothing changes: nothing is translated (or warned about) again.
+    a.assert_steady(Duration::from_secs(3));
+    assert_eq!(warned(), 1.0);
+
+    // A lower limit cuts further; the service is still served.
+    let b = adapter(
+        &consul,
+        &["--exclude-service", "cons*", "--max-labels", "8"],
+        &[],
+    );
+    b.wait_ready();
+    let items = until("web on the second adapter", &b.xds_url(), |i| {
+        find(i, "web").is_some_and(|w| addresses(w).len() == 2)
+    });
+    let labels = first_labels(find(&items, "web").expect("web"));
+    let keys: Vec<&str> = labels.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        ["k000", "k001", "k002", "k003", "k004", "k005", "k006", "k007"]
+    );
+    b.assert_steady(Duration::from_secs(2));
+}
+
+#[test]
+#[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
+fn an_answer_over_max_response_size_is_a_registry_error_and_the_last_good_state_stays() {
+    let consul = Consul::start(None);
+    consul.register(&web_instance("n1", "web-1", "10.0.0.1"));
+    let a = adapter(
+        &consul,
+        &["--exclude-service", "cons*", "--max-response-size", "4KiB"],
+        &[],
+    );
+    a.wait_ready();
+    let xds = a.xds_url();
+    let before = until("web served", &xds, |i| find(i, "web").is_some());
+    a.assert_steady(Duration::from_secs(1));
+
+    // 200 tags of 30 bytes make the catalog's list of services (names and their tags) 6 KiB.
+    let tags: Vec<String> = (0..200)
+        .map(|i| format!("label-number-{i:03}|value-{i:05}"))
+        .collect();
+    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+    consul.register(&Registration::new("n2", "big", "big-1", "10.0.0.2", 8080).tags(&tags));
+    let body = a.wait_registryz(
+        Duration::from_secs(20),
+        "registryz 503 for an answer over the cap",
+        503,
+    );
+    assert!(
+        body.contains("/v1/catalog/services")
+            && body.contains("larger than --max-response-size 4 KiB (4096 bytes)"),
+        "names the URL and the limit: {body}"
+    );
+    assert_eq!(a.get("/readyz").0, 200, "the last good state is served");
+    assert!(a.metric_with("mcp_adapter_registry_errors_total", "kind=\"bad_response\"") >= 1.0);
+    let during = mcpctl_get(&xds);
+    assert_eq!(
+        find(&during, "web"),
+        find(&before, "web"),
+        "web served as it was"
+    );
+    assert!(find(&during, "big").is_none());
+
+    // The registry shrinks back under the cap: in sync again, and steady.
+    consul.deregister("n2", "big-1");
+    a.wait_registryz(Duration::from_secs(40), "registryz 200 again", 200);
+    let after = mcpctl_get(&xds);
+    assert_eq!(find(&after, "web"), find(&before, "web"), "same version");
+    a.assert_recovered(Duration::from_secs(3));
+}

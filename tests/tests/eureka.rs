@@ -576,3 +576,82 @@ fn https_with_a_custom_ca_and_a_client_certificate() {
     });
     assert_eq!(no_ca.get("/readyz").0, 503, "never synced");
 }
+
+#[test]
+#[ignore = "needs eureka: tests/eureka/build.sh target/eureka (the README's test command builds it)"]
+fn huge_metadata_is_cut_to_max_labels_and_an_answer_over_the_cap_keeps_the_last_good_state() {
+    // Changes leave the delta queue (and the server's cached delta) within about a second, so
+    // that an instance that came and went does not stay in every delta for 3 minutes.
+    let eureka = Eureka::start_with(&[
+        "--eureka.server.retention-time-in-m-s-in-delta-queue=1000",
+        "--eureka.server.delta-retention-timer-interval-in-ms=250",
+        "--eureka.server.response-cache-auto-expiration-in-seconds=1",
+    ]);
+    eureka.register(&orders_1_v1());
+    let (a, xds) = adapter_defaults(&eureka);
+    let (capped, capped_xds) = adapter(&[
+        "--eureka-url",
+        eureka.url().as_str(),
+        "--max-response-size",
+        "8KiB",
+    ]);
+    let one = until("orders on the capped adapter", &capped_xds, |i| {
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 1)
+    });
+
+    // 200 metadata keys with 40-byte values: 12 KiB more in every answer that holds it.
+    let mut huge = Instance::new("orders", "orders-2", "10.0.0.2", 8080);
+    for i in 0..200 {
+        huge = huge.with_metadata(&format!("key-{i:03}"), &format!("{i:040}"));
+    }
+    eureka.register(&huge);
+    let items = until("orders-2 served", &xds, |i| {
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
+    });
+    let endpoints = find(&items, "orders").expect("orders")["spec"]["endpoints"].clone();
+    let labels = endpoints
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["address"] == "10.0.0.2"))
+        .map(|e| e["labels"].as_object().cloned().unwrap_or_default())
+        .expect("orders-2");
+    assert_eq!(labels.len(), 64, "the default --max-labels");
+    assert!(labels.contains_key("key-063") && !labels.contains_key("key-064"));
+    assert_eq!(
+        a.metric_with(
+            "mcp_adapter_translation_warnings_total",
+            "kind=\"label_limit\""
+        ),
+        1.0,
+        "{}",
+        a.log_tail()
+    );
+    a.assert_no_registry_errors("with huge metadata");
+
+    // The capped adapter: the delta (or /apps) is over 8 KiB, an error naming URL and limit;
+    // it keeps serving what it had.
+    let body = capped.wait_registryz(CHANGE_TIMEOUT, "registryz 503 for the large answer", 503);
+    assert!(
+        body.contains(&eureka.url()) && body.contains("larger than --max-response-size 8 KiB"),
+        "{body}"
+    );
+    assert_eq!(capped.get("/readyz").0, 200);
+    assert_eq!(
+        find(&mcpctl_get(&capped_xds), "orders"),
+        find(&one, "orders"),
+        "the last good state, unchanged"
+    );
+
+    // The instance leaves (and the delta queue forgets it): both in sync and steady.
+    eureka.deregister("orders", "orders-2");
+    until("orders-2 gone", &xds, |i| {
+        addresses_of(i, "orders").is_some_and(|v| v.len() == 1)
+    });
+    capped.wait_registryz(Duration::from_secs(60), "registryz 200 again", 200);
+    assert_eq!(
+        addresses_of(&mcpctl_get(&capped_xds), "orders"),
+        Some(vec!["10.0.0.1".to_string()])
+    );
+    // Two refresh intervals of 5 s.
+    capped.assert_recovered(Duration::from_secs(11));
+    a.assert_no_registry_errors("after the instance left");
+}
