@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(parse(&[]).map(|a| a.max_labels), Ok(DEFAULT_MAX_LABELS));
         assert_eq!(parse(&["--max-labels", "8"]).map(|a| a.max_labels), Ok(8));
         for bad in ["0", "-1", "many"] {
-            let e = parse(&["--max-labels", bad]).expect_err(bad);
+            let e = parse(&[&format!("--max-labels={bad}")]).expect_err(bad);
             assert!(e.contains("--max-labels"), "{e}");
         }
     }
