@@ -308,10 +308,11 @@ mod tests {
             })
         };
         let mut all = map(vec![
-            leased("a", "UP", 5_000, 6_000),
+            leased("a", "UP", 5_000, 5_001),
             // Re-registered at 9000, UP since 2000: known since 2000.
             leased("b", "UP", 9_000, 2_000),
-            // Oldest, but DOWN: still counts (health does not move the time).
+            // Oldest, DOWN and never UP: its registration; still counts (health does not
+            // move the time).
             leased("c", "DOWN", 1_000, 0),
         ]);
         let svc = convert_app("ORDERS", &all).service.expect("svc");

@@ -146,17 +146,16 @@ impl Instance {
         }
     }
 
-    /// The earliest time the serving Eureka server knows of this instance: the first of its
-    /// registration and its first UP (whichever is set). The registration time alone moves
-    /// whenever the client re-registers (on any change of its instance info); the first-UP time
-    /// survives that, so an instance that has been UP keeps its time.
+    /// Since when the serving Eureka server has this instance: the time it first went UP there,
+    /// else (never UP yet) its registration. Not the earlier of the two: the registration time
+    /// is replaced whenever the client registers again (on any change of its instance info),
+    /// and the first-UP time, stamped a moment after the first registration, is what survives
+    /// that; taking the minimum would move by that moment at the first re-registration.
     pub fn known_since(&self) -> Option<SystemTime> {
         let lease = self.lease_info.as_ref()?;
-        [lease.registration_timestamp, lease.service_up_timestamp]
-            .into_iter()
-            .flatten()
-            .filter(|ms| *ms > 0)
-            .min()
+        let set = |t: Option<u64>| t.filter(|ms| *ms > 0);
+        set(lease.service_up_timestamp)
+            .or(set(lease.registration_timestamp))
             .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
     }
 
@@ -252,7 +251,7 @@ mod tests {
     }
 
     #[test]
-    fn known_since_is_the_first_of_registration_and_first_up() {
+    fn known_since_is_the_first_up_else_the_registration() {
         let at = |json: &str| {
             let i: Instance = serde_json::from_str(json).expect("instance");
             i.known_since().map(|t| {
@@ -261,10 +260,16 @@ mod tests {
                     .as_millis()
             })
         };
-        // Re-registered after it went UP: the first UP is earlier and is kept.
+        // Re-registered after it went UP: the first UP is kept.
         assert_eq!(
             at(r#"{"leaseInfo":{"registrationTimestamp":1700000009000,
                 "serviceUpTimestamp":1700000001000,"lastRenewalTimestamp":1700000099000}}"#),
+            Some(1_700_000_001_000)
+        );
+        // UP a millisecond after registering: the UP time, which a re-registration keeps.
+        assert_eq!(
+            at(r#"{"leaseInfo":{"registrationTimestamp":1700000000999,
+                "serviceUpTimestamp":1700000001000}}"#),
             Some(1_700_000_001_000)
         );
         // Never UP (0), legacy string numbers.

@@ -280,13 +280,14 @@ fn metadata_change_reaches_the_endpoint_labels() {
     until("v2 served", &xds, |i| label(i).is_some_and(|v| v == "v2"));
 }
 
-/// The registry's creation time of `app` as RFC 3339: the earliest of every instance's
-/// registration and first UP on the server (what the adapter serves as `creationTimestamp`).
+/// The registry's creation time of `app` as RFC 3339: the earliest of its instances' first UP
+/// on the server (else registration, for one never UP): what the adapter serves as
+/// `creationTimestamp`.
 fn oldest_lease(eureka: &Eureka, app: &str) -> String {
     let ms = eureka
         .leases(app)
         .iter()
-        .flat_map(|(_, registered, up)| [*registered, *up])
+        .map(|(_, registered, up)| if *up > 0 { *up } else { *registered })
         .filter(|ms| *ms > 0)
         .min()
         .expect("leases with times");
