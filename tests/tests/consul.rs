@@ -433,7 +433,7 @@ fn debug_resources_is_paged(a: &Adapter, services: usize) {
     let wanted = &second[7];
     let (_, body) = a.get(&format!("/debug/resources?name={wanted}"));
     let one: Value = serde_json::from_str(&body).expect("JSON");
-    assert_eq!(names(&one), [wanted.clone()]);
+    assert_eq!(names(&one), std::slice::from_ref(wanted));
     assert_eq!(one["total"], 1);
 
     assert_eq!(a.get("/readyz"), (200, "ready\n".to_string()));
