@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mcp_core::clip::quoted_body;
 use mcp_core::telemetry::error_chain;
 use reqwest::StatusCode;
 use serde::de::{DeserializeOwned, IgnoredAny};
@@ -263,14 +264,14 @@ impl ConsulClient {
         if status == StatusCode::FORBIDDEN {
             return Err(ConsulError::AccessDenied {
                 path: path.to_string(),
-                body: String::from_utf8_lossy(&body).trim().to_string(),
+                body: quoted_body(&body),
             });
         }
         if !status.is_success() {
             return Err(ConsulError::Status {
                 path: path.to_string(),
                 status: status.as_u16(),
-                body: String::from_utf8_lossy(&body).trim().to_string(),
+                body: quoted_body(&body),
             });
         }
         let value = serde_json::from_slice(&body).map_err(|e| ConsulError::Decode {

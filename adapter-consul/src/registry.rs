@@ -400,6 +400,33 @@ mod tests {
         assert_eq!(fake.requests()[0].token.as_deref(), Some(token));
     }
 
+    /// A proxy in front of Consul answering an error with a whole page: the error quotes its
+    /// start and says how much was cut (it ends up on /readyz and /debug/resources).
+    #[tokio::test]
+    async fn a_huge_error_body_is_quoted_cut() {
+        let page = format!("<html>{}</html>", "<p>502 Bad Gateway</p>".repeat(50_000));
+        let len = page.len();
+        let fake = FakeConsul::start(move |_| Reply {
+            status: 502,
+            index: None,
+            body: page.clone(),
+        })
+        .await;
+        let client = ConsulClient::new(&config(&fake, &[]), None).expect("client");
+        let err = client
+            .health_index("web")
+            .await
+            .expect_err("502")
+            .to_string();
+        assert!(
+            err.contains("HTTP 502: <html><p>502 Bad Gateway</p>"),
+            "{err}"
+        );
+        let cut = len - mcp_core::clip::QUOTED_BODY_MAX;
+        assert!(err.ends_with(&format!(" …[{cut} bytes cut]")), "{err}");
+        assert!(err.len() <= mcp_core::clip::ERROR_TEXT_MAX, "{}", err.len());
+    }
+
     #[tokio::test]
     async fn a_rewritten_token_file_is_used_without_a_restart() {
         let fake = FakeConsul::start(|_| Reply::ok(1, "[]")).await;

@@ -1,17 +1,19 @@
 //! Admin HTTP: /healthz (alive), /readyz (has a state worth serving), /registryz (registry in
 //! sync), /metrics, /debug/resources.
 
+mod debug;
+
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{Snapshot, Summary};
+use crate::cache::Snapshot;
 use crate::metrics::Metrics;
 use crate::status::SharedStatus;
 
@@ -43,7 +45,7 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .route("/registryz", get(registryz))
         .route("/metrics", get(metrics))
-        .route("/debug/resources", get(debug_resources))
+        .route("/debug/resources", get(debug::resources))
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -53,52 +55,78 @@ pub async fn serve(
 /// Readiness: a state worth serving exists (synced once). Stays 200 through registry outages,
 /// with the staleness in the body; 503 only before the first sync.
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    let (code, body) = readiness(&s);
-    (code, with_output_line(&s, body))
+    let p = Probe::read(&s.status);
+    let (code, body) = readiness(s.registry, &p);
+    (code, p.with_output_line(body))
 }
 
-/// The body with the Kubernetes output's line (leadership, how far the API server is behind)
-/// when the output is on.
-fn with_output_line(s: &AdminState, mut body: String) -> String {
-    if let Some(o) = s.status.lock().output.as_ref() {
-        body.push_str(&o.summary());
-        body.push('\n');
+/// What the probes read, copied in one short lock: a few flags and the error texts (cut where
+/// they are stored, see `clip`), never the quarantine or problem lists nor the served set, so a
+/// probe costs the same at 10 services as at 100k. Kubernetes probes every few seconds, Docker's
+/// HEALTHCHECK too (`mcpctl health`).
+#[derive(Debug)]
+struct Probe {
+    ready: bool,
+    synced: bool,
+    healthy: bool,
+    staleness: u64,
+    last_error: Option<String>,
+    /// The Kubernetes output's line and whether it fails, when the output is on.
+    output: Option<(String, bool)>,
+}
+
+impl Probe {
+    fn read(status: &SharedStatus) -> Self {
+        let st = status.lock();
+        Probe {
+            ready: st.ready(),
+            synced: st.synced,
+            healthy: st.healthy,
+            staleness: st.staleness_secs(),
+            last_error: st.last_error.clone(),
+            output: st.output.as_ref().map(|o| (o.summary(), o.failing())),
+        }
     }
-    body
+
+    /// The body with the Kubernetes output's line (leadership, how far the API server is
+    /// behind) when the output is on.
+    fn with_output_line(&self, mut body: String) -> String {
+        if let Some((line, _)) = &self.output {
+            body.push_str(line);
+            body.push('\n');
+        }
+        body
+    }
 }
 
-fn readiness(s: &AdminState) -> (StatusCode, String) {
-    let st = s.status.lock().clone();
-    if !st.ready() {
+fn readiness(registry: &str, p: &Probe) -> (StatusCode, String) {
+    if !p.ready {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "not ready: waiting for the first sync from {}{}\n",
-                s.registry,
-                last_error_suffix(st.last_error.as_deref())
+                "not ready: waiting for the first sync from {registry}{}\n",
+                last_error_suffix(p.last_error.as_deref())
             ),
         );
     }
-    if st.healthy {
+    if p.healthy {
         (StatusCode::OK, "ready\n".to_string())
-    } else if !st.synced {
+    } else if !p.synced {
         (
             StatusCode::OK,
             format!(
-                "ready: serving the state restored from --state-file (written {}s ago); waiting for the first sync from {}{}\n",
-                st.staleness_secs(),
-                s.registry,
-                last_error_suffix(st.last_error.as_deref())
+                "ready: serving the state restored from --state-file (written {}s ago); waiting for the first sync from {registry}{}\n",
+                p.staleness,
+                last_error_suffix(p.last_error.as_deref())
             ),
         )
     } else {
         (
             StatusCode::OK,
             format!(
-                "ready: serving the last good state; {} unreachable for {}s ({})\n",
-                s.registry,
-                st.staleness_secs(),
-                st.last_error.unwrap_or_default()
+                "ready: serving the last good state; {registry} unreachable for {}s ({})\n",
+                p.staleness,
+                p.last_error.as_deref().unwrap_or_default()
             ),
         )
     }
@@ -115,35 +143,32 @@ fn last_error_suffix(e: Option<&str>) -> String {
 /// With the Kubernetes output on, a failure to write (or to hold the Lease) makes it 503 too:
 /// the mesh is then behind the registry.
 async fn registryz(State(s): State<AdminState>) -> impl IntoResponse {
-    let (mut code, body) = registry_health(&s);
-    let output_failing = s.status.lock().output.as_ref().is_some_and(|o| o.failing());
-    if output_failing {
+    let p = Probe::read(&s.status);
+    let (mut code, body) = registry_health(s.registry, &p);
+    if p.output.as_ref().is_some_and(|(_, failing)| *failing) {
         code = StatusCode::SERVICE_UNAVAILABLE;
     }
-    (code, with_output_line(&s, body))
+    (code, p.with_output_line(body))
 }
 
-fn registry_health(s: &AdminState) -> (StatusCode, String) {
-    let st = s.status.lock().clone();
-    if st.healthy {
-        (StatusCode::OK, format!("{} healthy\n", s.registry))
-    } else if !st.synced {
+fn registry_health(registry: &str, p: &Probe) -> (StatusCode, String) {
+    if p.healthy {
+        (StatusCode::OK, format!("{registry} healthy\n"))
+    } else if !p.synced {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "{} not synced yet{}\n",
-                s.registry,
-                last_error_suffix(st.last_error.as_deref())
+                "{registry} not synced yet{}\n",
+                last_error_suffix(p.last_error.as_deref())
             ),
         )
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "{} unhealthy for {}s: {}\n",
-                s.registry,
-                st.staleness_secs(),
-                st.last_error.unwrap_or_default()
+                "{registry} unhealthy for {}s: {}\n",
+                p.staleness,
+                p.last_error.as_deref().unwrap_or_default()
             ),
         )
     }
@@ -161,77 +186,120 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     )
 }
 
-#[derive(serde::Serialize)]
-struct Served<'a> {
-    name: &'a str,
-    version: &'a str,
-    /// `--shards`: which shard serves it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    shard: Option<usize>,
-    #[serde(flatten)]
-    summary: &'a Summary,
-}
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant, SystemTime};
 
-/// One shard of a `--shards` source, for `/debug/resources`.
-#[derive(serde::Serialize)]
-struct ShardView {
-    shard: usize,
-    address: String,
-    version: Option<String>,
-    resources: usize,
-}
+    use axum::response::Response;
 
-async fn debug_resources(State(s): State<AdminState>) -> impl IntoResponse {
-    let st = s.status.lock().clone();
-    let snapshots: Vec<Option<Arc<Snapshot>>> =
-        s.snapshots.iter().map(|rx| rx.borrow().clone()).collect();
-    let sharded = snapshots.len() > 1;
-    let resources: Vec<serde_json::Value> = snapshots
-        .iter()
-        .enumerate()
-        .flat_map(|(i, snap)| {
-            snap.iter()
-                .flat_map(move |snap| snap.iter().map(move |e| (i, e)))
-        })
-        .filter_map(|(i, e)| {
-            serde_json::to_value(Served {
-                name: &e.name,
-                version: &e.version,
-                shard: sharded.then_some(i),
-                summary: &e.summary,
-            })
-            .ok()
-        })
-        .collect();
-    let mut body = serde_json::json!({
-        "registry": s.registry,
-        "source": s.source,
-        "synced": st.synced,
-        "restored": st.restored,
-        "healthy": st.healthy,
-        "lastError": st.last_error,
-        "stalenessSeconds": st.staleness_secs(),
-        "version": snapshots.first().and_then(|s| s.as_ref()).map(|s| s.version.clone()).filter(|_| !sharded),
-        "resources": resources,
-        "quarantined": st.quarantine,
-        "problems": st.problems,
-    });
-    if let Some(o) = &st.output {
-        body["kubeOutput"] = o.to_json();
+    use super::*;
+    use crate::clip::{clip_error, ERROR_TEXT_MAX};
+    use crate::index::Quarantined;
+
+    fn state() -> AdminState {
+        AdminState {
+            registry: "fake",
+            source: "fake".into(),
+            status: SharedStatus::default(),
+            snapshots: vec![watch::channel(None).1],
+            grpc_addrs: vec![std::net::SocketAddr::from(([127, 0, 0, 1], 15051))],
+            metrics: Metrics::new("fake").expect("metrics"),
+        }
     }
-    if sharded {
-        let shards: Vec<ShardView> = snapshots
-            .iter()
-            .zip(&s.grpc_addrs)
-            .enumerate()
-            .map(|(shard, (snap, addr))| ShardView {
-                shard,
-                address: addr.to_string(),
-                version: snap.as_ref().map(|s| s.version.clone()),
-                resources: snap.as_ref().map_or(0, |s| s.len()),
-            })
-            .collect();
-        body["shards"] = serde_json::json!(shards);
+
+    async fn text(r: Response) -> (u16, String) {
+        let code = r.status().as_u16();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        (code, String::from_utf8_lossy(&body).into_owned())
     }
-    Json(body)
+
+    async fn probe(s: &AdminState, path: &str) -> (u16, String) {
+        let r = match path {
+            "/readyz" => readyz(State(s.clone())).await.into_response(),
+            _ => registryz(State(s.clone())).await.into_response(),
+        };
+        text(r).await
+    }
+
+    /// A registry that fails with a page-sized answer while 100k services are quarantined and
+    /// 100k scopes hold problems: each probe reads a few fields (no copy of the lists), and
+    /// answers a line, not the page.
+    #[tokio::test]
+    async fn probes_read_a_few_fields_whatever_the_lists_hold() {
+        let s = state();
+        {
+            let mut st = s.status.lock();
+            st.synced = true;
+            st.healthy = false;
+            st.last_good = Some(SystemTime::now());
+            st.last_error = Some(clip_error(format!(
+                "consul answered /v1/catalog/services with HTTP 502: {}",
+                "<p>bad gateway</p>".repeat(60_000)
+            )));
+            st.quarantine = (0..100_000)
+                .map(|i| Quarantined {
+                    key: format!("ns/svc-{i}"),
+                    origin: format!("consul service svc-{i}"),
+                    reasons: vec![format!("spec.ports[0].number: 0 is not a port ({i})")],
+                    serving_last_good: true,
+                })
+                .collect();
+            st.problems = (0..100_000)
+                .map(|i| (format!("scope {i}"), vec![format!("bad object {i}")]))
+                .collect();
+        }
+        let (code, ready) = probe(&s, "/readyz").await;
+        assert_eq!(code, 200, "{ready}");
+        assert!(
+            ready.starts_with("ready: serving the last good state; fake unreachable for"),
+            "{ready}"
+        );
+        assert!(ready.contains(" bytes cut]"), "{ready}");
+        assert!(ready.len() < ERROR_TEXT_MAX + 200, "{}", ready.len());
+        let (code, registry) = probe(&s, "/registryz").await;
+        assert_eq!(code, 503);
+        assert!(registry.len() < ERROR_TEXT_MAX + 200, "{}", registry.len());
+
+        // Copying the lists would cost milliseconds per probe (seconds for these 2,000); reading
+        // the fields costs microseconds.
+        let started = Instant::now();
+        for _ in 0..1000 {
+            probe(&s, "/readyz").await;
+            probe(&s, "/registryz").await;
+        }
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(1), "2,000 probes took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_the_first_sync_and_the_state_file() {
+        let s = state();
+        s.status.lock().last_error = Some("connection refused".into());
+        let (code, body) = probe(&s, "/readyz").await;
+        assert_eq!(code, 503);
+        assert_eq!(
+            body,
+            "not ready: waiting for the first sync from fake (last error: connection refused)\n"
+        );
+        s.status.lock().restored = true;
+        let (code, body) = probe(&s, "/readyz").await;
+        assert_eq!(code, 200);
+        assert!(
+            body.starts_with("ready: serving the state restored"),
+            "{body}"
+        );
+        {
+            let mut st = s.status.lock();
+            st.synced = true;
+            st.healthy = true;
+            st.last_error = None;
+        }
+        assert_eq!(probe(&s, "/readyz").await, (200, "ready\n".into()));
+        assert_eq!(
+            probe(&s, "/registryz").await,
+            (200, "fake healthy\n".into())
+        );
+    }
 }

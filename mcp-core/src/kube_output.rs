@@ -124,9 +124,18 @@ impl OutputStatus {
         s
     }
 
-    /// `/debug/resources`' `kubeOutput` section.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+    /// `/debug/resources`' `kubeOutput` section, with at most `limit` names in each list (every
+    /// served name can be in one); whether a list was cut.
+    pub fn to_json(&self, limit: usize) -> (serde_json::Value, bool) {
+        let cut = [
+            self.conflicts.len(),
+            self.refused.len(),
+            self.rejected.len(),
+        ]
+        .into_iter()
+        .any(|n| n > limit);
+        let rejected: BTreeMap<&String, &Rejected> = self.rejected.iter().take(limit).collect();
+        let json = serde_json::json!({
             "leader": self.leader,
             "lease": self.lease,
             "identity": self.identity,
@@ -136,10 +145,11 @@ impl OutputStatus {
             "lagSeconds": self.lag_secs(),
             "lastError": self.last_error,
             "leaseError": self.lease_error,
-            "conflicts": self.conflicts,
-            "refused": self.refused,
-            "rejected": self.rejected,
-        })
+            "conflicts": &self.conflicts[..self.conflicts.len().min(limit)],
+            "refused": &self.refused[..self.refused.len().min(limit)],
+            "rejected": rejected,
+        });
+        (json, cut)
     }
 }
 

@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod cache;
 pub mod cli;
+pub mod clip;
 pub mod entry;
 pub mod filter;
 pub mod flags;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 /// Parses a duration as Go and Istio write them: a number with a unit, `us`, `ms`, `s`, `m` or
 /// `h` (`250ms`, `1.5s`, `2m`), or `0`. A bare number other than 0 is refused: it would be
-/// milliseconds to one reader and seconds to another.
+/// milliseconds to one reader and seconds to another. Every
+/// duration flag of every binary reads through this.
 pub fn duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t == "0" {
@@ -21,7 +22,7 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     let seconds = match unit.trim() {
         "" => {
             return Err(format!(
-                "invalid duration {s:?}: give a unit (us, ms, s, m, h), e.g. {t}ms or {t}s"
+                "invalid duration {s:?}: a bare number has no unit: did you mean {t}s? (units: us, ms, s, m, h)"
             ))
         }
         "us" => 1e-6,
@@ -114,8 +115,12 @@ mod tests {
         assert_eq!(duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(duration("250us"), Ok(Duration::from_micros(250)));
         assert_eq!(duration(" 10s "), Ok(Duration::from_secs(10)));
-        let bare = duration("15").expect_err("a bare number");
-        assert!(bare.contains("give a unit"), "{bare}");
+        assert_eq!(
+            duration("60"),
+            Err("invalid duration \"60\": a bare number has no unit: did you mean 60s? (units: us, ms, s, m, h)".into())
+        );
+        let bare = duration(" 1.5 ").expect_err("a bare number");
+        assert!(bare.contains("did you mean 1.5s?"), "{bare}");
         assert!(duration("fast").is_err());
         assert!(duration("3d").is_err());
         assert!(duration("-1s").is_err());

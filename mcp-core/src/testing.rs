@@ -6,6 +6,7 @@
 //! binary.
 
 pub mod bench;
+pub mod shaped;
 
 use std::sync::{Arc, Mutex};
 

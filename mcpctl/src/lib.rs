@@ -8,6 +8,8 @@
 //!   or legacy Istio 1.1-1.7 MCP (`mcp://`), ACKs every response and keeps the resulting state.
 //!   Integration tests drive it response by response with [`sink::Sink::next`].
 //! * [`render`] prints that state as Istio JSON/YAML or as a table.
+//! * [`health`] asks an adapter's admin port whether it is ready (`mcpctl health`, the images'
+//!   HEALTHCHECK).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), mcpctl::sink::SinkError> {
@@ -19,5 +21,6 @@
 //! # }
 //! ```
 
+pub mod health;
 pub mod render;
 pub mod sink;

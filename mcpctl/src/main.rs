@@ -1,4 +1,5 @@
-//! `mcpctl get serviceentries --server xds://HOST:PORT [-o table|yaml|json] [--watch]`.
+//! `mcpctl get serviceentries --server xds://HOST:PORT [-o table|yaml|json] [--watch]`;
+//! `mcpctl health [--admin HOST:PORT]`.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,8 +11,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mcp_core::parse;
 use mcp_core::telemetry::error_chain;
-use mcpctl::render;
 use mcpctl::sink::{ApiVersion, Received, Sink, SinkOptions, TlsOptions, Update};
+use mcpctl::{health, render};
 
 /// A small MCP (Istio Mesh Configuration Protocol) sink: shows the ServiceEntries a config
 /// source serves, once or as they change.
@@ -27,6 +28,20 @@ enum Command {
     /// Print the ServiceEntries a server serves (the first full state, or every update with
     /// --watch).
     Get(GetArgs),
+    /// Exit 0 if an adapter is ready (GET /readyz on its admin port answers 200), 1 if not: a
+    /// container HEALTHCHECK that needs no curl and works whether or not the MCP port has TLS.
+    Health(HealthArgs),
+}
+
+#[derive(Args, Debug)]
+struct HealthArgs {
+    /// The adapter's admin address, HOST:PORT. Defaults to the adapter's own MCP_ADMIN_LISTEN
+    /// (in its container: the same environment), 0.0.0.0 and [::] dialed on loopback.
+    #[arg(long, env = "MCP_ADMIN_LISTEN", default_value = "127.0.0.1:15052")]
+    admin: String,
+    /// How long to wait for the answer, e.g. 3s, 500ms.
+    #[arg(long, default_value = "3s", value_parser = parse::duration)]
+    timeout: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -172,11 +187,26 @@ async fn get(args: GetArgs) -> anyhow::Result<()> {
     }
 }
 
+/// Prints why, and fails, unless the adapter is ready.
+async fn health(args: HealthArgs) -> anyhow::Result<()> {
+    let r = health::readyz(&args.admin, args.timeout).await?;
+    if !r.ready() {
+        bail!(
+            "adapter at {} not ready (HTTP {}): {}",
+            args.admin,
+            r.status,
+            r.body
+        );
+    }
+    emit(&format!("{}\n", r.body))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Get(args) => get(args).await,
+        Command::Health(args) => health(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -239,7 +269,9 @@ mod tests {
         for alias in ["serviceentries", "serviceentry", "se"] {
             let cli =
                 Cli::try_parse_from(["mcpctl", "get", alias, "--server", "xds://h:1"]).unwrap();
-            let Command::Get(args) = cli.command;
+            let Command::Get(args) = cli.command else {
+                panic!("parsed as get");
+            };
             assert!(matches!(args.resource, ResourceKind::ServiceEntries));
             assert_eq!(args.timeout, Duration::from_secs(10));
             assert_eq!(args.output, Output::Table);

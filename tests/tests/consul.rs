@@ -390,6 +390,55 @@ fn five_hundred_services_of_ten_instances() {
     a.assert_steady(Duration::from_secs(3));
 }
 
+/// `/debug/resources` answers a page (500 by default), not the whole set, with the total and
+/// the way to the next page; `?name=` finds one resource; the probes stay one line.
+fn debug_resources_is_paged(a: &Adapter, services: usize) {
+    let (code, body) = a.get("/debug/resources");
+    assert_eq!(code, 200, "{body}");
+    let page: Value = serde_json::from_str(&body).expect("JSON");
+    let names = |p: &Value| -> Vec<String> {
+        p["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .map(|r| r["name"].as_str().expect("name").to_string())
+            .collect()
+    };
+    let first = names(&page);
+    assert_eq!(first.len(), 500, "the default page");
+    let total = page["total"].as_u64().expect("total") as usize;
+    assert!(total > services, "{total}: every service and consul itself");
+    assert_eq!(page["truncated"], true);
+    assert_eq!(page["next"], "/debug/resources?offset=500&limit=500");
+    assert!(body.len() < 256 * 1024, "{} bytes", body.len());
+    eprintln!(
+        "/debug/resources at {total} resources: {} bytes for the default page",
+        body.len()
+    );
+
+    let (_, body) = a.get(page["next"].as_str().expect("next"));
+    let second = names(&serde_json::from_str(&body).expect("JSON"));
+    assert_eq!(second.len(), 500);
+    assert!(
+        first.last() < second.first(),
+        "pages follow the served order"
+    );
+
+    let (_, body) = a.get(&format!("/debug/resources?offset={}", total - 3));
+    let last: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(names(&last).len(), 3);
+    assert_eq!(last["next"], Value::Null);
+    assert_eq!(last["truncated"], false, "{}", last["truncated"]);
+
+    let wanted = &second[7];
+    let (_, body) = a.get(&format!("/debug/resources?name={wanted}"));
+    let one: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(names(&one), std::slice::from_ref(wanted));
+    assert_eq!(one["total"], 1);
+
+    assert_eq!(a.get("/readyz"), (200, "ready\n".to_string()));
+}
+
 fn is_svc(item: &Value) -> bool {
     item["metadata"]["name"]
         .as_str()
@@ -421,6 +470,7 @@ fn five_thousand_services_on_a_stock_agent() {
         .all(|i| addresses(i).len() == 2));
     eprintln!("first full sync of {N} services: {first_sync:?}");
     a.assert_steady(Duration::from_secs(4));
+    debug_resources_is_paged(&a, N);
 
     // Change latency: a check goes critical; measured until a new snapshot is built, then the
     // content is checked.

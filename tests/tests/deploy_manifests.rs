@@ -1031,3 +1031,92 @@ fn real_adapters_write_with_the_shipped_rbac(kube: &KubeApiServer) {
         );
     }
 }
+
+/// `384Mi` and the like, in bytes.
+fn quantity_bytes(q: &str) -> u64 {
+    let (n, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let n: u64 = n.parse().unwrap_or_else(|_| panic!("quantity {q:?}"));
+    n * match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => panic!("quantity {q:?}: unit {unit:?}"),
+    }
+}
+
+/// Every state emptyDir holds the rule its comment states: the state file and the new one
+/// written beside it (2 x the file) at 100k services x 10 endpoints, plus 50%. The file is
+/// measured here with the adapter's own encoder and `state_file::save` at 10k services shaped as
+/// in the bench, and scaled by 10 (the size is linear in endpoints: 127.1, 127.8 and 128.2 bytes
+/// per endpoint at 1k, 10k and 100k, BENCHMARKS.md "State file size"). A change that makes the
+/// file larger makes this fail instead of evicting pods. The chart renders the same volumes
+/// (tests/tests/helm_chart.rs).
+#[test]
+fn state_volumes_hold_two_state_files_of_100k_services() {
+    use mcp_core::cache::state_file;
+    use mcp_core::index::Index;
+    use mcp_core::metrics::Metrics;
+    use mcp_core::testing::shaped::model;
+    use mcp_core::translate::TranslateConfig;
+    use mcp_core::RegistryEvent;
+
+    let mut index = Index::new(
+        TranslateConfig {
+            namespace: "consul".into(),
+            host_suffix: "service.consul".into(),
+            export_to: vec![],
+            registry: "consul".into(),
+            source: "consul".into(),
+            on_empty: mcp_core::OnEmpty::Keep,
+            vip_cidr: mcp_core::vip::VipCidr::Off,
+        },
+        Metrics::new("consul").expect("metrics"),
+    );
+    index.apply(RegistryEvent::Reset(model(10_000)));
+    let snapshot = index.flush().expect("a snapshot");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("last-served.pb");
+    state_file::save(&path, &snapshot).expect("saved");
+    let file_100k = std::fs::metadata(&path).expect("written").len() * 10;
+    let needed = file_100k * 2 * 3 / 2;
+
+    let mut checked = Vec::new();
+    for m in manifests() {
+        for doc in documents(&m) {
+            let volumes = doc["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .cloned();
+            for v in volumes
+                .into_iter()
+                .flatten()
+                .filter(|v| v["name"] == "state")
+            {
+                let limit = v["emptyDir"]["sizeLimit"].as_str().unwrap_or_else(|| {
+                    panic!("{}: state emptyDir without a sizeLimit", file_name(&m))
+                });
+                let bytes = quantity_bytes(limit);
+                assert!(
+                    bytes >= needed,
+                    "{}: sizeLimit {limit} < 2 x {:.1} MiB (100k services) + 50% = {:.1} MiB",
+                    file_name(&m),
+                    file_100k as f64 / 1048576.0,
+                    needed as f64 / 1048576.0
+                );
+                // Not wildly more either: the rule is what sizes it.
+                assert!(bytes < needed * 2, "{}: sizeLimit {limit}", file_name(&m));
+                checked.push(file_name(&m).to_string());
+            }
+        }
+    }
+    assert_eq!(
+        checked,
+        [
+            "adapter-consul.yaml",
+            "adapter-eureka.yaml",
+            "adapter-kube.yaml",
+            "adapter-zookeeper.yaml"
+        ],
+        "every adapter with a state file"
+    );
+}

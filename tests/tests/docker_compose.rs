@@ -208,11 +208,17 @@ fn every_adapter_service_has_a_healthcheck() {
             test.first() == Some(&"CMD") && test.len() > 1,
             "{a}: healthcheck.test must be [CMD, ...] (distroless has no shell): {test:?}"
         );
-        // The image has no curl/wget: the check is mcpctl against the adapter's own MCP port.
+        // The image has no curl/wget: the check is `mcpctl health` (GET /readyz on the admin
+        // port the image's MCP_ADMIN_LISTEN names), never a fetch of the served set.
         assert!(
-            test[1].ends_with("/mcpctl")
-                && test.contains(&format!("xds://127.0.0.1:{MCP_PORT}").as_str()),
-            "{a}: healthcheck is not mcpctl against the MCP port: {test:?}"
+            test[1].ends_with("/mcpctl") && test.get(2) == Some(&"health"),
+            "{a}: healthcheck is not `mcpctl health`: {test:?}"
+        );
+        assert!(
+            !test
+                .iter()
+                .any(|t| t.contains("--admin") || t.contains("--server")),
+            "{a}: the check follows the image's MCP_ADMIN_LISTEN: {test:?}"
         );
     }
 }
@@ -486,8 +492,12 @@ fn dockerfile_builds_once_and_yields_one_nonroot_image_per_adapter() {
         );
         let hc = instr(s, "HEALTHCHECK");
         assert!(
-            hc.len() == 1 && hc[0].contains("CMD [\"/usr/local/bin/mcpctl\""),
-            "{n}: HEALTHCHECK (exec form, mcpctl: the image has no shell or curl): {hc:?}"
+            hc.len() == 1 && hc[0].contains("CMD [\"/usr/local/bin/mcpctl\", \"health\""),
+            "{n}: HEALTHCHECK (exec form, `mcpctl health`: the image has no shell or curl): {hc:?}"
+        );
+        assert!(
+            !hc[0].contains("serviceentries"),
+            "{n}: the HEALTHCHECK must not fetch the served set: {hc:?}"
         );
         let ep = instr(s, "ENTRYPOINT");
         assert_eq!(

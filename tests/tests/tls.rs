@@ -98,3 +98,107 @@ fn server_tls_and_required_client_certificates() {
         String::from_utf8_lossy(&with_cert.stderr)
     );
 }
+
+/// `mcpctl health [--admin HOST:PORT]` as the images' HEALTHCHECK runs it (exec form, the
+/// adapter's environment); its exit status and output.
+fn health(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(workspace_bin("mcpctl"))
+        .arg("health")
+        .args(args)
+        .env_remove("MCP_ADMIN_LISTEN")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run mcpctl health");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The health check asks the plain admin port, so it holds on an adapter whose MCP port demands
+/// client certificates (where the check before it, `mcpctl get serviceentries`, cannot get in
+/// without the CA, a certificate and its key); it tells an adapter not ready yet (503) and one that
+/// is gone apart, each with its reason.
+#[test]
+fn the_health_check_needs_no_certificate_and_tells_not_ready_apart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    make_pki(dir.path());
+    let input = example_dir(dir.path());
+    let ca = pki_file(dir.path(), "ca.crt");
+    let (mut adapter, server) = tls_adapter(dir.path(), &input, &["--tls-client-ca", &ca]);
+    let admin = adapter.admin.to_string();
+
+    let old_check = mcpctl(&server, &[]);
+    assert!(!old_check.status.success(), "plaintext into a TLS port");
+    let (ok, out, err) = health(&["--admin", &admin, "--timeout", "3s"], &[]);
+    assert!(ok, "mcpctl health on a ready TLS adapter: {err}");
+    assert_eq!(out, "ready\n");
+    // The image's HEALTHCHECK as written in docker/Dockerfile, with the address from the
+    // adapter's own MCP_ADMIN_LISTEN (0.0.0.0:PORT, as the image sets it).
+    let argv = dockerfile_healthcheck();
+    assert_eq!(argv[0], "/usr/local/bin/mcpctl", "{argv:?}");
+    let listen = format!("0.0.0.0:{}", adapter.admin.port());
+    let run = Command::new(workspace_bin("mcpctl"))
+        .args(&argv[1..])
+        .env("MCP_ADMIN_LISTEN", &listen)
+        .output()
+        .expect("run the HEALTHCHECK");
+    assert!(
+        run.status.success(),
+        "the Dockerfile's HEALTHCHECK {argv:?}: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "ready\n");
+    // The check costs the adapter no MCP stream and no push (the one before pulled the whole
+    // set each time); and nothing else moves meanwhile.
+    let pushes = adapter.metric("mcp_adapter_pushes_total");
+    for _ in 0..5 {
+        assert!(health(&["--admin", &admin], &[]).0);
+    }
+    assert_eq!(adapter.metric("mcp_adapter_pushes_total"), pushes);
+    assert_eq!(adapter.metric("mcp_adapter_connected_sinks"), 0.0);
+    adapter.assert_steady(std::time::Duration::from_secs(1));
+
+    // Not ready yet: a Consul adapter (TLS on too) whose Consul does not answer.
+    let (cert, key) = (
+        pki_file(dir.path(), "server.crt"),
+        pki_file(dir.path(), "server.key"),
+    );
+    let nowhere = format!("http://{}", e2e::free_addr());
+    let waiting = Adapter::start(
+        "adapter-consul",
+        &[
+            "--consul-addr",
+            &nowhere,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+    );
+    let (ok, out, err) = health(&["--admin", &waiting.admin.to_string()], &[]);
+    assert!(!ok, "not ready yet, but healthy: {out}");
+    assert!(
+        err.contains("not ready (HTTP 503): not ready: waiting for the first sync from consul"),
+        "{err}"
+    );
+    assert_eq!(waiting.get("/readyz").0, 503, "stays not ready");
+
+    // Gone: the error names the port.
+    adapter.kill();
+    let (ok, _, err) = health(&["--admin", &admin, "--timeout", "2s"], &[]);
+    assert!(!ok);
+    assert!(err.contains(&format!("admin port {admin}")), "{err}");
+}
+
+/// The argv of docker/Dockerfile's HEALTHCHECK (`CMD [...]`, exec form).
+fn dockerfile_healthcheck() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docker/Dockerfile");
+    let text = std::fs::read_to_string(&path).expect("docker/Dockerfile");
+    let cmd = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("CMD ["))
+        .expect("a HEALTHCHECK CMD line");
+    serde_json::from_str(&format!("[{cmd}")).expect("exec-form CMD is a JSON array")
+}

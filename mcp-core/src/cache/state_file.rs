@@ -237,6 +237,28 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
+    /// A crash mid-write leaves `<path>.tmp` behind: the file itself is still the last whole
+    /// one, and the next save overwrites the leftover and renames it over the file.
+    #[test]
+    fn a_temporary_file_left_by_a_crash_is_never_read_and_is_replaced() {
+        let path = temp("crash");
+        let s = snapshot();
+        save(&path, &s).expect("saved");
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, b"mcp-adapter state v1\n\x05half").expect("a torn write");
+        let back = load(&path).expect("read").expect("present");
+        assert_eq!(back.version, s.version, "the last whole file");
+        save(&path, &s).expect("saved over the leftover");
+        assert!(!tmp.exists(), "renamed over the file");
+        assert_eq!(
+            load(&path).expect("read").expect("present").version,
+            s.version
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+
     /// The saver writes what is published without the writer waiting, and on shutdown writes the
     /// newest set even if it arrived in the same instant.
     #[tokio::test]

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::client::status_code;
+use crate::clip::clip_error;
 use crate::metrics::Metrics;
 use crate::status::SharedStatus;
 
@@ -61,7 +62,7 @@ pub async fn elect(
         let result = try_acquire_or_renew(&api, &cfg, &mut observed).await;
         let now = Instant::now();
         if let Some(o) = status.lock().output.as_mut() {
-            o.lease_error = result.as_ref().err().map(|e| e.to_string());
+            o.lease_error = result.as_ref().err().map(|e| clip_error(e.to_string()));
         }
         let leads = match result {
             Ok(leads) => {

@@ -16,6 +16,7 @@ use super::limiter::Limiter;
 use super::object::{self, Owner, ANNOTATION_VERSION, FIELD_MANAGER, LABEL_SHARD};
 use super::plan::{Action, Desired, Ledger, Plan, Rejected, Written};
 use crate::cache::Snapshot;
+use crate::clip::clip_error;
 use crate::metrics::Metrics;
 use crate::retry::Backoff;
 use crate::status::SharedStatus;
@@ -182,8 +183,9 @@ impl ObjectWriter {
     }
 
     async fn failed(&mut self, e: SyncError, backoff: &mut Backoff) -> Wake {
-        tracing::warn!(error = %e, "Kubernetes output: the API server did not take the change; retrying with backoff.");
-        self.update_status(|o| o.last_error = Some(e.to_string()));
+        let text = clip_error(e.to_string());
+        tracing::warn!(error = %text, "Kubernetes output: the API server did not take the change; retrying with backoff.");
+        self.update_status(|o| o.last_error = Some(text));
         let delay = backoff.failed(Instant::now());
         tokio::select! {
             _ = self.shutdown.cancelled() => Wake::Shutdown,
@@ -456,8 +458,9 @@ fn record(
                     ledger.written.remove(&name);
                 }
                 _ => {
-                    tracing::warn!(name = %name, error = %e, "Kubernetes output: the API server refused the object; retried when it changes.");
-                    reject(ledger, &action, e.to_string());
+                    let text = clip_error(e.to_string());
+                    tracing::warn!(name = %name, error = %text, "Kubernetes output: the API server refused the object; retried when it changes.");
+                    reject(ledger, &action, text);
                 }
             }
         }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::REGISTRY_HEALTH;
 use crate::cache::{state_file, Snapshot};
+use crate::clip::clip_error;
 use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::registry::{Registry, RegistryError, RegistryEvent};
@@ -237,14 +238,16 @@ impl Writer {
             .with_label_values(&[error.kind()])
             .inc();
         self.metrics.registry_healthy.set(0);
+        // Cut where it is stored: /readyz quotes it at every probe (clip.rs).
+        let text = clip_error(error.to_string());
         {
             let mut st = self.status.lock();
             if st.healthy || st.last_good.is_none() {
                 st.last_good = Some(SystemTime::now());
             }
             st.healthy = false;
-            st.last_error = Some(error.to_string());
-            tracing::warn!(error = %error, serving_last_good = st.synced, "Registry watch failed; retrying with backoff.");
+            tracing::warn!(error = %text, serving_last_good = st.synced, "Registry watch failed; retrying with backoff.");
+            st.last_error = Some(text);
         }
         self.health
             .set_service_status(REGISTRY_HEALTH, tonic_health::ServingStatus::NotServing)
