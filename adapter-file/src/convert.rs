@@ -14,7 +14,7 @@
 //! validation (DNS host names, label syntax, port name rules, STATIC endpoints being IPs) is the
 //! core's job, which is why every [`Service`] carries an `origin` naming the file and document.
 //!
-//! Every document is first parsed into a [`serde_yaml::Value`] (JSON is converted into one), then
+//! Every document is first parsed into a [`yaml_serde::Value`] (JSON is converted into one), then
 //! deserialized into typed structs through `serde_path_to_error`, so that a type error says
 //! `spec.ports[0].number` rather than just "invalid type".
 
@@ -37,7 +37,7 @@ use std::path::Path;
 use mcp_core::model::Service;
 use serde::de::DeserializeSeed;
 use serde::Deserialize;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 pub use error::ConvertError;
 pub use inventory_format::INVENTORY_API_VERSION;
@@ -99,11 +99,11 @@ fn parse_json(file: &str, text: &str) -> Result<Value, ConvertError> {
         message,
     };
     let json: serde_json::Value = serde_json::from_str(text).map_err(|e| syntax(e.to_string()))?;
-    serde_yaml::to_value(json).map_err(|e| syntax(e.to_string()))
+    yaml_serde::to_value(json).map_err(|e| syntax(e.to_string()))
 }
 
 fn parse_yaml(file: &str, text: &str) -> Result<Vec<Value>, ConvertError> {
-    let syntax = |index: usize, e: serde_yaml::Error| ConvertError::Syntax {
+    let syntax = |index: usize, e: yaml_serde::Error| ConvertError::Syntax {
         at: format!("file {file}, document {}", index + 1),
         format: "YAML",
         message: e.to_string(),
@@ -111,13 +111,13 @@ fn parse_yaml(file: &str, text: &str) -> Result<Vec<Value>, ConvertError> {
     if expansion::may_expand(text) {
         let budget = expansion::budget(text);
         let left = std::cell::Cell::new(budget);
-        for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        for (index, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
             expansion::Counter::new(&left, budget)
                 .deserialize(document)
                 .map_err(|e| syntax(index, e))?;
         }
     }
-    serde_yaml::Deserializer::from_str(text)
+    yaml_serde::Deserializer::from_str(text)
         .enumerate()
         .map(|(index, document)| Value::deserialize(document).map_err(|e| syntax(index, e)))
         .collect()
