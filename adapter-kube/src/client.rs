@@ -112,7 +112,10 @@ mod tests {
         ] {
             assert!(msg.contains(part), "{msg}");
         }
-        assert!(matches!(classify(&api(410, "too old"), &what), Failure::Expired));
+        assert!(matches!(
+            classify(&api(410, "too old"), &what),
+            Failure::Expired
+        ));
         for code in [500, 503, 429] {
             assert!(matches!(
                 classify(&api(code, "busy"), &what),

@@ -251,7 +251,12 @@ mod tests {
 
         // Well under half the size, serialized the way the API server sent it.
         let len = |v: &EndpointSlice| serde_json::to_vec(v).expect("json").len();
-        assert!(len(&s) * 2 < len(&full_slice()), "{} of {}", len(&s), len(&full_slice()));
+        assert!(
+            len(&s) * 2 < len(&full_slice()),
+            "{} of {}",
+            len(&s),
+            len(&full_slice())
+        );
     }
 
     /// The reduced objects convert exactly as the full ones do.

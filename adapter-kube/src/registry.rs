@@ -117,16 +117,17 @@ where
     S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
 {
-    s.default_backoff().map(move |r| {
-        r.map(|ev| match ev {
-            Event::Apply(k) => Event::Apply(f(k)),
-            Event::Delete(k) => Event::Delete(f(k)),
-            Event::Init => Event::Init,
-            Event::InitApply(k) => Event::InitApply(f(k)),
-            Event::InitDone => Event::InitDone,
+    s.default_backoff()
+        .map(move |r| {
+            r.map(|ev| match ev {
+                Event::Apply(k) => Event::Apply(f(k)),
+                Event::Delete(k) => Event::Delete(f(k)),
+                Event::Init => Event::Init,
+                Event::InitApply(k) => Event::InitApply(f(k)),
+                Event::InitDone => Event::InitDone,
+            })
         })
-    })
-    .boxed()
+        .boxed()
 }
 
 fn service_item(s: KubeService) -> Item {

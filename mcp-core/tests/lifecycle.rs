@@ -231,22 +231,32 @@ async fn a_watch_that_resumes_by_itself_is_unhealthy_meanwhile_but_not_restarted
     a.wait_http("/registryz", 200).await;
     let snapshots = metric_sum(&a.metrics().await, "mcp_adapter_snapshots_total");
 
-    a.handle.send(RegistryEvent::Retrying(RegistryError::Unavailable(
-        "list/watch services: connection refused".into(),
-    )));
+    a.handle
+        .send(RegistryEvent::Retrying(RegistryError::Unavailable(
+            "list/watch services: connection refused".into(),
+        )));
     let body = a.wait_http("/registryz", 503).await;
     assert!(body.contains("connection refused"), "{body}");
     a.wait_readyz(200).await;
     let metrics = a.metrics().await;
     assert_eq!(metric_sum(&metrics, "mcp_adapter_registry_healthy"), 0.0);
-    assert_eq!(metric_sum(&metrics, "mcp_adapter_registry_retries_total"), 1.0);
-    assert_eq!(metric_sum(&metrics, "mcp_adapter_registry_errors_total"), 0.0);
+    assert_eq!(
+        metric_sum(&metrics, "mcp_adapter_registry_retries_total"),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "mcp_adapter_registry_errors_total"),
+        0.0
+    );
 
     a.handle.send(RegistryEvent::Recovered);
     a.wait_http("/registryz", 200).await;
     let metrics = a.metrics().await;
     assert_eq!(metric_sum(&metrics, "mcp_adapter_registry_healthy"), 1.0);
-    assert_eq!(metric_sum(&metrics, "mcp_adapter_registry_errors_total"), 0.0);
+    assert_eq!(
+        metric_sum(&metrics, "mcp_adapter_registry_errors_total"),
+        0.0
+    );
     assert_eq!(
         metric_sum(&metrics, "mcp_adapter_snapshots_total"),
         snapshots,
@@ -254,8 +264,7 @@ async fn a_watch_that_resumes_by_itself_is_unhealthy_meanwhile_but_not_restarted
     );
 
     // The same watch goes on.
-    a.handle
-        .send(RegistryEvent::Upsert(mk_service("b", 1)));
+    a.handle.send(RegistryEvent::Upsert(mk_service("b", 1)));
     a.wait_served(&["fake/a", "fake/b"]).await;
     a.stop().await;
 }

@@ -283,7 +283,11 @@ fn api_server_restart_keeps_the_last_state_and_recovers() {
         "listed once, at start: {}",
         a.log_tail()
     );
-    assert!(log.contains("the watch resumes where it was"), "{}", a.log_tail());
+    assert!(
+        log.contains("the watch resumes where it was"),
+        "{}",
+        a.log_tail()
+    );
 
     // The same watch delivers the next change: one change, one snapshot.
     replace_web_v4_pods(&kube, &xds, "10.1.0.9", "a change after the restart");

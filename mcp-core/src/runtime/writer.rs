@@ -103,7 +103,10 @@ impl Writer {
                     .registry_retries
                     .with_label_values(&[error.kind()])
                     .inc();
-                self.mark_unhealthy(&error, "Registry watch failed; it resumes by itself from where it was.");
+                self.mark_unhealthy(
+                    &error,
+                    "Registry watch failed; it resumes by itself from where it was.",
+                );
                 self.health
                     .set_service_status(REGISTRY_HEALTH, tonic_health::ServingStatus::NotServing)
                     .await;
