@@ -297,6 +297,36 @@ fn api_server_restart_keeps_the_last_state_and_recovers() {
 
 #[test]
 #[ignore = "needs kube-apiserver: tests/kube-apiserver/build.sh target/kube (the README's test command builds it)"]
+fn an_adapter_started_while_the_api_server_is_down_serves_once_it_answers() {
+    let mut kube = KubeApiServer::start();
+    seed_shop(&kube);
+    kube.kill();
+    let a = adapter(&kube, &[]);
+    // Not synced yet: unready, and the registry says why, while the watchers retry.
+    let body = a.wait_registryz(CHANGE_TIMEOUT, "/registryz 503 with the reason", 503);
+    assert!(body.contains("list/watch"), "{body}");
+    assert_eq!(a.get("/readyz").0, 503, "nothing to serve yet");
+    assert!(a.metric("mcp_adapter_registry_retries_total") > 0.0);
+    a.assert_no_registry_errors("while the API server is down");
+
+    kube.restart();
+    a.wait_ready();
+    let xds = a.xds_url();
+    until("shop served", &xds, |i| {
+        addresses_of(i, "web").is_some_and(|v| v.len() == 3)
+    });
+    a.wait_registryz(CHANGE_TIMEOUT, "/registryz 200", 200);
+    assert_eq!(
+        a.log().matches("cluster listed").count(),
+        1,
+        "{}",
+        a.log_tail()
+    );
+    a.assert_steady(Duration::from_secs(2));
+}
+
+#[test]
+#[ignore = "needs kube-apiserver: tests/kube-apiserver/build.sh target/kube (the README's test command builds it)"]
 fn an_expired_watch_lists_again_without_an_error_or_a_push() {
     // Without the watch cache, watches read etcd directly; compacting every second makes a
     // renewed watch's resource version too old (410 Gone), as happens after a long quiet spell.
