@@ -7,19 +7,21 @@
 //! - [`istio`] (Istio's ServiceEntry as written in YAML/JSON) and [`service_entry`] (its
 //!   conversion); [`inventory_format`] (the compact inventory) and [`inventory`] (its
 //!   conversion);
-//! - [`address`], [`protocol`], [`time`]: the small parsers those conversions need.
+//! - [`address`], [`protocol`], [`time`]: the small parsers those conversions need;
+//! - [`expansion`]: the bound on what YAML aliases may expand a file to.
 //!
 //! Only shape is checked here (required fields, types, enum values, unknown fields). Semantic
 //! validation (DNS host names, label syntax, port name rules, STATIC endpoints being IPs) is the
 //! core's job, which is why every [`Service`] carries an `origin` naming the file and document.
 //!
-//! Every document is first parsed into a [`serde_yaml::Value`] (JSON is converted into one), then
+//! Every document is first parsed into a [`yaml_serde::Value`] (JSON is converted into one), then
 //! deserialized into typed structs through `serde_path_to_error`, so that a type error says
 //! `spec.ports[0].number` rather than just "invalid type".
 
 mod address;
 mod de;
 mod error;
+mod expansion;
 mod inventory;
 mod inventory_format;
 mod istio;
@@ -33,8 +35,9 @@ mod time;
 use std::path::Path;
 
 use mcp_core::model::Service;
+use serde::de::DeserializeSeed;
 use serde::Deserialize;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 pub use error::ConvertError;
 pub use inventory_format::INVENTORY_API_VERSION;
@@ -96,19 +99,27 @@ fn parse_json(file: &str, text: &str) -> Result<Value, ConvertError> {
         message,
     };
     let json: serde_json::Value = serde_json::from_str(text).map_err(|e| syntax(e.to_string()))?;
-    serde_yaml::to_value(json).map_err(|e| syntax(e.to_string()))
+    yaml_serde::to_value(json).map_err(|e| syntax(e.to_string()))
 }
 
 fn parse_yaml(file: &str, text: &str) -> Result<Vec<Value>, ConvertError> {
-    serde_yaml::Deserializer::from_str(text)
+    let syntax = |index: usize, e: yaml_serde::Error| ConvertError::Syntax {
+        at: format!("file {file}, document {}", index + 1),
+        format: "YAML",
+        message: e.to_string(),
+    };
+    if expansion::may_expand(text) {
+        let budget = expansion::budget(text);
+        let left = std::cell::Cell::new(budget);
+        for (index, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
+            expansion::Counter::new(&left, budget)
+                .deserialize(document)
+                .map_err(|e| syntax(index, e))?;
+        }
+    }
+    yaml_serde::Deserializer::from_str(text)
         .enumerate()
-        .map(|(index, document)| {
-            Value::deserialize(document).map_err(|e| ConvertError::Syntax {
-                at: format!("file {file}, document {}", index + 1),
-                format: "YAML",
-                message: e.to_string(),
-            })
-        })
+        .map(|(index, document)| Value::deserialize(document).map_err(|e| syntax(index, e)))
         .collect()
 }
 
@@ -273,6 +284,71 @@ spec: {hosts: [two.example.com]}
         );
         let e = err("s.json", "{\"kind\": ", Format::Json);
         assert!(e.contains("file s.json: JSON syntax error"), "{e}");
+    }
+
+    /// The classic billion laughs: ten levels of ten aliases each. Refused by the parser's
+    /// repetition limit, named by file and document.
+    #[test]
+    fn an_alias_bomb_is_refused() {
+        let mut yaml = String::from(
+            "kind: Inventory\n---\nl0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n",
+        );
+        for i in 1..10 {
+            let refs = vec![format!("*l{}", i - 1); 10].join(", ");
+            yaml.push_str(&format!("l{i}: &l{i} [{refs}]\n"));
+        }
+        let e = err("bomb.yaml", &yaml, Format::Yaml);
+        assert!(
+            e.contains("file bomb.yaml, document 2: YAML syntax error"),
+            "{e}"
+        );
+        assert!(e.contains("repetition limit exceeded"), "{e}");
+    }
+
+    /// A wide alias bomb: one anchored sequence of 1,000 scalars, aliased 5,000 times, is a 20 KB
+    /// file that expands to five million values (a 16 MiB file would expand to billions and
+    /// exhaust memory). The parser's repetition limit counts alias jumps, not what they copy;
+    /// the file's expansion is bounded by its size.
+    #[test]
+    fn a_wide_alias_bomb_is_refused_before_it_expands() {
+        let items = vec!["x"; 1000].join(",");
+        let refs = vec!["*a"; 5000].join(",");
+        let yaml = format!("a: &a [{items}]\nb: [{refs}]\n");
+        let started = std::time::Instant::now();
+        let e = err("wide.yaml", &yaml, Format::Yaml);
+        assert!(
+            e.contains("file wide.yaml, document 1: YAML syntax error"),
+            "{e}"
+        );
+        assert!(e.contains("aliases expand"), "{e}");
+        assert!(e.contains("1000000 values"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+
+        // Aliases used as intended (a shared port list) are fine.
+        let shared = r#"
+kind: List
+items:
+  - apiVersion: networking.istio.io/v1
+    kind: ServiceEntry
+    metadata: {name: a}
+    spec: {hosts: ["*.a.example.com"], ports: &ports [{number: 80, name: http}]}
+  - apiVersion: networking.istio.io/v1
+    kind: ServiceEntry
+    metadata: {name: b}
+    spec: {hosts: [b.example.com], ports: *ports}
+"#;
+        let services = parse("shared.yaml", shared, Format::Yaml).expect("parses");
+        assert_eq!(services.len(), 2);
+        assert_eq!(services[1].ports[0].number, 80);
+    }
+
+    /// Nesting deeper than the parser's recursion limit is an error, not a stack overflow.
+    #[test]
+    fn deep_nesting_is_refused() {
+        let yaml = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let e = err("deep.yaml", &yaml, Format::Yaml);
+        assert!(e.contains("file deep.yaml, document 1"), "{e}");
+        assert!(e.contains("recursion limit exceeded"), "{e}");
     }
 
     /// The repository's examples must keep parsing (their Istio validity was checked against

@@ -206,6 +206,8 @@ mod tests {
                     .map_or_else(|| scope.clone(), |f| f.to_string_lossy().into_owned());
                 format!("Problems {file} {}", problems.len())
             }
+            RegistryEvent::Retrying(e) => format!("Retrying {e}"),
+            RegistryEvent::Recovered => "Recovered".into(),
         }
     }
 

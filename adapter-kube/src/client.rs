@@ -31,9 +31,22 @@ impl std::fmt::Display for Activity {
     }
 }
 
-/// The error a failed watch ends with, or `None` when the watcher recovers by itself (410 Gone:
-/// the resource version expired and the watcher lists again).
-pub fn classify(err: &kube::runtime::watcher::Error, what: &Activity) -> Option<RegistryError> {
+/// What a watcher's error means for the watch.
+#[derive(Debug)]
+pub enum Failure {
+    /// The resource version expired (410 Gone): the watcher lists again by itself.
+    Expired,
+    /// A dropped connection, a timeout, a 429 or a 5xx: the watcher retries after its backoff
+    /// from its last resource version; what was sent stays valid and the watch goes on.
+    Transient(RegistryError),
+    /// Retrying the same request cannot help (401, 403, another 4xx, or a watch start refused
+    /// with 410, which the watcher would retry from the same version): the watch ends, and the
+    /// core starts a new one, which lists everything again.
+    Fatal(RegistryError),
+}
+
+/// What `err` means for the watch of `what`.
+pub fn classify(err: &kube::runtime::watcher::Error, what: &Activity) -> Failure {
     use kube::runtime::watcher::Error as W;
     let status = match err {
         W::InitialListFailed(kube::Error::Api(s))
@@ -42,23 +55,30 @@ pub fn classify(err: &kube::runtime::watcher::Error, what: &Activity) -> Option<
         W::WatchError(s) => Some(s.as_ref()),
         _ => None,
     };
-    match status {
-        Some(s) if s.code == 410 => None,
-        Some(s) if s.code == 401 => Some(RegistryError::Unauthorized(format!(
+    let Some(s) = status else {
+        // Connection refused or reset, TLS, a timeout, a body that did not decode, an object
+        // without a resource version (the watcher lists again): all retried where they were.
+        return Failure::Transient(RegistryError::Unavailable(format!("{what}: {err}")));
+    };
+    match s.code {
+        // After these the watcher lists again by itself.
+        410 if matches!(err, W::WatchError(_) | W::InitialListFailed(_)) => Failure::Expired,
+        401 => Failure::Fatal(RegistryError::Unauthorized(format!(
             "{what}: the API server did not accept the credentials: {}",
             s.message
         ))),
-        Some(s) if s.code == 403 => {
+        403 => {
             let role = match &what.namespace {
                 Some(ns) => format!("a Role in namespace {ns}"),
                 None => "a ClusterRole".to_string(),
             };
-            Some(RegistryError::Unauthorized(format!(
+            Failure::Fatal(RegistryError::Unauthorized(format!(
                 "{what}: forbidden; the adapter needs the verbs get, list and watch on {} through {role}: {}",
                 what.resource, s.message
             )))
         }
-        _ => Some(RegistryError::Unavailable(format!("{what}: {err}"))),
+        429 | 500..=599 => Failure::Transient(RegistryError::Unavailable(format!("{what}: {err}"))),
+        _ => Failure::Fatal(RegistryError::Unavailable(format!("{what}: {err}"))),
     }
 }
 
@@ -79,7 +99,9 @@ mod tests {
             resource: "endpointslices.discovery.k8s.io",
             namespace: Some("shop".into()),
         };
-        let e = classify(&api(403, "User \"x\" cannot list"), &what).expect("an error");
+        let Failure::Fatal(e) = classify(&api(403, "User \"x\" cannot list"), &what) else {
+            panic!("a 403 ends the watch");
+        };
         let msg = e.to_string();
         assert!(matches!(e, RegistryError::Unauthorized(_)));
         for part in [
@@ -90,10 +112,31 @@ mod tests {
         ] {
             assert!(msg.contains(part), "{msg}");
         }
-        assert!(classify(&api(410, "too old"), &what).is_none());
         assert!(matches!(
-            classify(&api(500, "boom"), &what),
-            Some(RegistryError::Unavailable(_))
+            classify(&api(410, "too old"), &what),
+            Failure::Expired
+        ));
+        for code in [500, 503, 429] {
+            assert!(matches!(
+                classify(&api(code, "busy"), &what),
+                Failure::Transient(RegistryError::Unavailable(_))
+            ));
+        }
+        assert!(matches!(
+            classify(&api(404, "no such resource"), &what),
+            Failure::Fatal(RegistryError::Unavailable(_))
+        ));
+        // A refused watch start is retried by the watcher from the same version: a 410 there
+        // needs a new list, which only a new watch makes.
+        let mut gone = Status::failure("too old", "Expired");
+        gone.code = 410;
+        let start =
+            kube::runtime::watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(gone)));
+        assert!(matches!(classify(&start, &what), Failure::Fatal(_)));
+        // Not an answer at all: retried.
+        assert!(matches!(
+            classify(&kube::runtime::watcher::Error::NoResourceVersion, &what),
+            Failure::Transient(_)
         ));
     }
 }

@@ -7,9 +7,14 @@
 //! re-list of any watcher the whole set is sent again as a `Reset` (the core pushes only what
 //! changed). In between, each object change converts only the Services it touches.
 //!
-//! Any other error ends the watch: the core keeps serving the last good state, backs off and
-//! starts a new watch, which lists everything again. That covers an API server restart and
-//! credentials that were revoked (a 403 names the verb and resource the adapter lacks).
+//! A transient error (the API server restarting, a dropped connection, a 429 or a 5xx) does not
+//! end the watch: the watcher backs off (kube-runtime's default, 0.8 s doubling to 30 s) and
+//! resumes from its last resource version, so nothing is listed or sent again. Meanwhile the
+//! registry is reported unhealthy (`Retrying`), until the watcher delivers again or a probe
+//! ([`crate::outage`]) finds the API server answering (`Recovered`). Only what retrying cannot
+//! fix ends the watch (401, 403 naming the verb and resource the adapter lacks, another 4xx):
+//! the core keeps serving the last good state, backs off and starts a new watch, which lists
+//! everything again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -20,14 +25,17 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, watcher as object_watcher, Event};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use mcp_core::problems::ProblemLedger;
 use mcp_core::vip::VipCidr;
 use mcp_core::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent, Service};
 
-use crate::client::{classify, connect, Activity, ClientError};
+use crate::client::{classify, connect, Activity, ClientError, Failure};
+use crate::compact;
 use crate::config::KubeConfig;
 use crate::convert::{convert_service, Settings};
+use crate::outage::{probe, Outage, Probe};
 use crate::state::{Cluster, Item, Kind, ObjKey, PodInfo, Topology};
 
 /// Kubernetes as a [`Registry`].
@@ -102,30 +110,32 @@ struct Source {
 
 type Tagged = (usize, Result<Event<Item>, watcher::Error>);
 
-/// Maps a watcher's objects to [`Item`]s.
+/// A watcher's objects as [`Item`]s, retried by the watcher with kube-runtime's default backoff
+/// after an error (every error is still yielded, so that the loop can say what happened).
 fn items<K, S>(s: S, f: fn(K) -> Item) -> BoxStream<'static, Result<Event<Item>, watcher::Error>>
 where
     S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
 {
-    s.map(move |r| {
-        r.map(|ev| match ev {
-            Event::Apply(k) => Event::Apply(f(k)),
-            Event::Delete(k) => Event::Delete(f(k)),
-            Event::Init => Event::Init,
-            Event::InitApply(k) => Event::InitApply(f(k)),
-            Event::InitDone => Event::InitDone,
+    s.default_backoff()
+        .map(move |r| {
+            r.map(|ev| match ev {
+                Event::Apply(k) => Event::Apply(f(k)),
+                Event::Delete(k) => Event::Delete(f(k)),
+                Event::Init => Event::Init,
+                Event::InitApply(k) => Event::InitApply(f(k)),
+                Event::InitDone => Event::InitDone,
+            })
         })
-    })
-    .boxed()
+        .boxed()
 }
 
 fn service_item(s: KubeService) -> Item {
-    Item::Service(Box::new(s))
+    Item::Service(Box::new(compact::service(s)))
 }
 
 fn slice_item(s: EndpointSlice) -> Item {
-    Item::Slice(Box::new(s))
+    Item::Slice(Box::new(compact::slice(s)))
 }
 
 fn pod_item(p: Pod) -> Item {
@@ -151,16 +161,19 @@ impl Inner {
         }
     }
 
-    /// Starts every watcher; their events tagged with the index of their [`Source`].
-    fn watchers(&self) -> (Vec<Source>, BoxStream<'static, Tagged>) {
+    /// Starts every watcher; their events tagged with the index of their [`Source`], and the
+    /// probe of each.
+    fn watchers(&self) -> (Vec<Source>, Vec<Probe>, BoxStream<'static, Tagged>) {
         let scopes: Vec<Option<String>> = if self.namespaces.is_empty() {
             vec![None]
         } else {
             self.namespaces.iter().cloned().map(Some).collect()
         };
         let mut sources = Vec::new();
+        let mut probes = Vec::new();
         let mut streams = Vec::new();
-        let mut add = |kind, resource, scope: Option<String>, s| {
+        let mut add = |kind, resource, scope: Option<String>, p, s| {
+            probes.push(p);
             sources.push(Source {
                 kind,
                 activity: Activity {
@@ -179,48 +192,91 @@ impl Inner {
             if let Some(sel) = &self.label_selector {
                 svc_cfg = svc_cfg.labels(sel);
             }
-            let s = items(object_watcher(self.api(&scope), svc_cfg), service_item);
-            add(Kind::Services, "services", scope.clone(), s);
-            let s = items(object_watcher(self.api(&scope), config.clone()), slice_item);
+            let api: Api<KubeService> = self.api(&scope);
+            let s = items(object_watcher(api.clone(), svc_cfg), service_item);
+            add(Kind::Services, "services", scope.clone(), probe(api), s);
+            let api: Api<EndpointSlice> = self.api(&scope);
+            let s = items(object_watcher(api.clone(), config.clone()), slice_item);
             add(
                 Kind::Slices,
                 "endpointslices.discovery.k8s.io",
                 scope.clone(),
+                probe(api),
                 s,
             );
             if self.read_pods {
-                let s = items(object_watcher(self.api(&scope), config.clone()), pod_item);
-                add(Kind::Pods, "pods", scope.clone(), s);
+                let api: Api<Pod> = self.api(&scope);
+                let s = items(object_watcher(api.clone(), config.clone()), pod_item);
+                add(Kind::Pods, "pods", scope.clone(), probe(api), s);
             }
         }
         if self.read_nodes {
             // Metadata only: the labels are all that is read of a node.
             let api: Api<PartialObjectMeta<Node>> = Api::all(self.client.clone());
             let s = items(object_watcher(api, config.clone()), node_item);
-            add(Kind::Nodes, "nodes", None, s);
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            add(Kind::Nodes, "nodes", None, probe(nodes), s);
         }
         let tagged = streams
             .into_iter()
             .enumerate()
             .map(|(i, s)| s.map(move |r| (i, r)).boxed());
-        (sources, stream::select_all(tagged).boxed())
+        (sources, probes, stream::select_all(tagged).boxed())
     }
 
     async fn run(&self, tx: EventSender) -> Result<(), RegistryError> {
-        let (mut sources, mut events) = self.watchers();
+        let (mut sources, probes, mut events) = self.watchers();
+        let mut outage = Outage::new(probes);
+        // Whether the core was told `Retrying` and not yet `Recovered` or a `Reset`.
+        let mut reported = false;
+        let mut last_error: Option<RegistryError> = None;
         let mut cluster = Cluster::default();
         let mut sent: BTreeSet<ObjKey> = BTreeSet::new();
         let mut synced = false;
-        while let Some((i, result)) = events.next().await {
+        loop {
+            let (i, result) = tokio::select! {
+                next = events.next() => match next {
+                    Some(tagged) => tagged,
+                    None => return Err(RegistryError::Ended),
+                },
+                answered = outage.next_round(), if outage.is_on() => {
+                    for i in answered {
+                        if outage.answered(i) {
+                            tracing::info!(what = %sources[i].activity, "the API server answers again; the watch resumes where it was");
+                        }
+                    }
+                    if !outage.is_on() && reported && synced {
+                        reported = false;
+                        tx.send(RegistryEvent::Recovered).await?;
+                    }
+                    continue;
+                }
+            };
             let source = &mut sources[i];
             let event = match result {
-                Ok(e) => e,
+                Ok(e) => {
+                    if outage.answered(i) && reported && synced {
+                        reported = false;
+                        tx.send(RegistryEvent::Recovered).await?;
+                    }
+                    e
+                }
                 Err(err) => match classify(&err, &source.activity) {
-                    None => {
+                    Failure::Expired => {
                         tracing::info!(what = %source.activity, "resource version expired; listing again");
                         continue;
                     }
-                    Some(e) => return Err(e),
+                    Failure::Transient(e) => {
+                        tracing::warn!(what = %source.activity, error = %e, "watch failed; retrying from the last resource version");
+                        outage.failed(i);
+                        last_error = Some(e.clone());
+                        if !reported {
+                            reported = true;
+                            tx.send(RegistryEvent::Retrying(e)).await?;
+                        }
+                        continue;
+                    }
+                    Failure::Fatal(e) => return Err(e),
                 },
             };
             match event {
@@ -234,6 +290,12 @@ impl Inner {
                     if sources.iter().all(|s| s.listed) {
                         sent = self.reset(&cluster, &tx).await?;
                         synced = true;
+                        // A `Reset` makes the core healthy: say again if a watcher still fails.
+                        reported = false;
+                        if let Some(e) = last_error.clone().filter(|_| outage.is_on()) {
+                            reported = true;
+                            tx.send(RegistryEvent::Retrying(e)).await?;
+                        }
                     }
                 }
                 Event::Apply(item) => {
@@ -250,7 +312,6 @@ impl Inner {
                 }
             }
         }
-        Err(RegistryError::Ended)
     }
 
     /// Sends everything as one `Reset`; the keys sent.

@@ -152,6 +152,8 @@ impl Index {
                 let n: usize = self.problems.values().map(Vec::len).sum();
                 self.metrics.registry_problems.set(n as i64);
             }
+            // Health, not content: the writer reports it.
+            RegistryEvent::Retrying(_) | RegistryEvent::Recovered => {}
         }
     }
 

@@ -26,6 +26,8 @@ pub struct Metrics {
     pub translation_warnings: IntCounterVec,
     /// Registry watch failures, by kind.
     pub registry_errors: IntCounterVec,
+    /// Registry errors a watch retried by itself, without ending, by kind.
+    pub registry_retries: IntCounterVec,
     /// 1 while the registry is reachable and in sync, else 0.
     pub registry_healthy: IntGauge,
     /// Seconds since the registry was last known in sync (0 while healthy).
@@ -125,6 +127,11 @@ impl Metrics {
             registry_errors: counter(
                 "mcp_adapter_registry_errors_total",
                 "Registry watch failures.",
+                &["kind"],
+            )?,
+            registry_retries: counter(
+                "mcp_adapter_registry_retries_total",
+                "Registry errors a watch retried by itself from where it was, without ending.",
                 &["kind"],
             )?,
             registry_healthy: gauge(
@@ -227,6 +234,7 @@ mod tests {
         m.sinks.with_label_values(&["xds"]).inc();
         m.translation_warnings.with_label_values(&["label"]).inc();
         m.registry_errors.with_label_values(&["unavailable"]).inc();
+        m.registry_retries.with_label_values(&["unavailable"]).inc();
         m.snapshots.with_label_values(&["change"]).inc();
         m.shard_resources.with_label_values(&["0"]).set(1);
         m.shard_snapshots.with_label_values(&["0"]).inc();
@@ -245,6 +253,7 @@ mod tests {
             "mcp_adapter_quarantined_resources",
             "mcp_adapter_translation_warnings_total",
             "mcp_adapter_registry_errors_total",
+            "mcp_adapter_registry_retries_total",
             "mcp_adapter_registry_healthy",
             "mcp_adapter_last_good_sync_age_seconds",
             "mcp_adapter_registry_problems",

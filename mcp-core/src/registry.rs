@@ -3,7 +3,9 @@
 //! An adapter implements [`Registry`]: a watch stream that starts with a full [`RegistryEvent::Reset`]
 //! and then carries upserts and removals. Every error is retryable: the core logs it, marks the
 //! source unhealthy (last good state still served), backs off, and calls [`Registry::watch`] again,
-//! which must start with a new `Reset`. Adapters that prefer writing a loop to writing a stream use
+//! which must start with a new `Reset`. A watch that can resume by itself after an error (from a
+//! resource version, an index) says so with [`RegistryEvent::Retrying`] instead of ending, and
+//! [`RegistryEvent::Recovered`] once the registry answers again. Adapters that prefer writing a loop to writing a stream use
 //! [`channel_stream`].
 
 use std::future::Future;
@@ -36,10 +38,19 @@ pub enum RegistryEvent {
         /// One line per skipped object, naming it and what is wrong.
         problems: Vec<String>,
     },
+    /// The watch hit an error it retries by itself from where it was (a dropped connection, a
+    /// 5xx, a 429): everything it sent stays valid and nothing is listed again. The registry is
+    /// reported unhealthy with this reason (/registryz, the `registry` health service,
+    /// `mcp_adapter_registry_healthy`, `mcp_adapter_registry_retries_total`) until
+    /// [`RegistryEvent::Recovered`] or the next `Reset`; it is not a watch failure
+    /// (`mcp_adapter_registry_errors_total` counts those). May come before the first `Reset`.
+    Retrying(RegistryError),
+    /// The registry answers again after [`RegistryEvent::Retrying`]; the watch goes on.
+    Recovered,
 }
 
 /// Why the registry cannot be read right now. All variants are retryable.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum RegistryError {
     /// The registry could not be reached or answered with a server error.
     #[error("registry unavailable: {0}")]

@@ -105,6 +105,7 @@ impl Shard {
             RegistryEvent::Upsert(s) => self.keeps(&s.key).then_some(RegistryEvent::Upsert(s)),
             RegistryEvent::Remove(k) => self.keeps(&k).then_some(RegistryEvent::Remove(k)),
             p @ RegistryEvent::Problems { .. } => Some(p),
+            h @ (RegistryEvent::Retrying(_) | RegistryEvent::Recovered) => Some(h),
         }
     }
 }

@@ -10,7 +10,7 @@ use futures::stream::{BoxStream, StreamExt};
 use mcp_core::registry::{Registry, RegistryError, RegistryEvent};
 use mcp_core::retry::Backoff;
 use mcp_core::runtime::{self, RunError, SHUTDOWN_GRACE};
-use mcp_core::testing::{mk_service, test_args};
+use mcp_core::testing::{metric_sum, mk_service, test_args};
 
 fn problems_then_reset(a: &Adapter) {
     // ZooKeeper and Consul report what they skipped before their full state.
@@ -217,4 +217,54 @@ async fn a_restart_during_an_outage_serves_the_saved_state() {
     second.wait_http("/registryz", 200).await;
     second.stop().await;
     let _ = std::fs::remove_file(&path);
+}
+
+/// A watch that resumes by itself after an error (`Retrying`) keeps its place: the registry is
+/// unhealthy with the reason while it retries, healthy again on `Recovered`, and nothing is
+/// counted as a failed watch, re-sent or re-published; later changes flow on the same watch.
+#[tokio::test]
+async fn a_watch_that_resumes_by_itself_is_unhealthy_meanwhile_but_not_restarted() {
+    let a = Adapter::start().await;
+    a.handle
+        .send(RegistryEvent::Reset(vec![mk_service("a", 1)]));
+    a.wait_served(&["fake/a"]).await;
+    a.wait_http("/registryz", 200).await;
+    let snapshots = metric_sum(&a.metrics().await, "mcp_adapter_snapshots_total");
+
+    a.handle
+        .send(RegistryEvent::Retrying(RegistryError::Unavailable(
+            "list/watch services: connection refused".into(),
+        )));
+    let body = a.wait_http("/registryz", 503).await;
+    assert!(body.contains("connection refused"), "{body}");
+    a.wait_readyz(200).await;
+    let metrics = a.metrics().await;
+    assert_eq!(metric_sum(&metrics, "mcp_adapter_registry_healthy"), 0.0);
+    assert_eq!(
+        metric_sum(&metrics, "mcp_adapter_registry_retries_total"),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "mcp_adapter_registry_errors_total"),
+        0.0
+    );
+
+    a.handle.send(RegistryEvent::Recovered);
+    a.wait_http("/registryz", 200).await;
+    let metrics = a.metrics().await;
+    assert_eq!(metric_sum(&metrics, "mcp_adapter_registry_healthy"), 1.0);
+    assert_eq!(
+        metric_sum(&metrics, "mcp_adapter_registry_errors_total"),
+        0.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "mcp_adapter_snapshots_total"),
+        snapshots,
+        "no new snapshot for an outage that changed nothing"
+    );
+
+    // The same watch goes on.
+    a.handle.send(RegistryEvent::Upsert(mk_service("b", 1)));
+    a.wait_served(&["fake/a", "fake/b"]).await;
+    a.stop().await;
 }

@@ -148,13 +148,13 @@ fn render_state(
                 serde_json::to_string(&render::items_json(state))?
             )
         }
-        (Output::Yaml, None) => serde_yaml::to_string(&render::list_json(state))?,
+        (Output::Yaml, None) => yaml_serde::to_string(&render::list_json(state))?,
         (Output::Yaml, Some(u)) => format!(
             "---\n# time {} version={} resources={}\n{}",
             render::rfc3339_millis(u.at),
             u.version_info,
             state.len(),
-            serde_yaml::to_string(&render::list_json(state))?
+            yaml_serde::to_string(&render::list_json(state))?
         ),
     })
 }

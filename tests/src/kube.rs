@@ -309,7 +309,7 @@ impl KubeApiServer {
         let text = std::fs::read_to_string(path)
             .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
         let mut stored = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
+        for doc in yaml_serde::Deserializer::from_str(&text) {
             let mut obj = Value::deserialize(doc)
                 .unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
             if obj.is_null() {

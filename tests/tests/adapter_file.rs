@@ -141,6 +141,21 @@ fn bad_input_is_named_and_nothing_else_is_lost() {
         .find(|i| i["metadata"]["name"] == "second")
         .expect("second");
     assert_eq!(second["spec"]["endpoints"][0]["address"], "10.0.0.9");
+
+    // A wide alias bomb (20 KB expanding to five million values) is refused by name, quickly,
+    // and the rest stays served.
+    let items = vec!["x"; 1000].join(",");
+    let refs = vec!["*a"; 5000].join(",");
+    std::fs::write(
+        dir.path().join("bomb.yaml"),
+        format!("a: &a [{items}]\nb: [{refs}]\n"),
+    )
+    .expect("write");
+    let problems = adapter.wait_problems(Duration::from_secs(10), "alias bomb reported", |p| {
+        p.contains("bomb.yaml")
+    });
+    assert!(problems.contains("aliases expand"), "{problems}");
+    assert_eq!(names(&get(&xds)), vec!["ns/first", "ns/good", "ns/second"]);
 }
 
 #[test]

@@ -201,7 +201,7 @@ fn get(kube: &KubeApiServer, kind_path: &str, name: &str) -> Value {
 fn documents(path: &Path) -> Vec<Value> {
     use serde::Deserialize;
     let text = std::fs::read_to_string(path).expect("read manifest");
-    serde_yaml::Deserializer::from_str(&text)
+    yaml_serde::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
         .filter(|v| !v.is_null())
         .collect()
@@ -240,7 +240,7 @@ fn shards_of(a: &str) -> u64 {
 /// every shard of every adapter's Service (one source per port of its `--shards`).
 fn check_meshconfig(path: &Path) {
     let text = std::fs::read_to_string(path).expect("read istiod-meshconfig.yaml");
-    let values: Value = serde_yaml::from_str(&text).expect("istiod-meshconfig.yaml is YAML");
+    let values: Value = yaml_serde::from_str(&text).expect("istiod-meshconfig.yaml is YAML");
     let sources: Vec<&str> = values["meshConfig"]["configSources"]
         .as_array()
         .expect("meshConfig.configSources is a list")
@@ -588,7 +588,7 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
         &format!("/api/v1/namespaces/{NS}/configmaps"),
         "adapter-file-inventory",
     );
-    let inventory: Value = serde_yaml::from_str(
+    let inventory: Value = yaml_serde::from_str(
         cm["data"]["inventory.yaml"]
             .as_str()
             .expect("inventory.yaml key"),

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value as Json;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use e2e::run_ok;
 
@@ -40,7 +40,7 @@ fn read(p: &Path) -> String {
 
 /// docker/compose.yaml with YAML merge keys (`<<: *adapter`) applied, as Compose reads it.
 fn compose() -> Value {
-    let mut v: Value = serde_yaml::from_str(&read(&compose_path())).expect("compose.yaml parses");
+    let mut v: Value = yaml_serde::from_str(&read(&compose_path())).expect("compose.yaml parses");
     v.apply_merge().expect("merge keys");
     v
 }
@@ -269,7 +269,7 @@ fn mesh_config(c: &Value) -> (String, Value) {
         .as_str()
         .unwrap_or_else(|| panic!("configs.{source}.content"))
         .to_string();
-    let mesh: Value = serde_yaml::from_str(&content).expect("mesh config parses");
+    let mesh: Value = yaml_serde::from_str(&content).expect("mesh config parses");
     (content, mesh)
 }
 
@@ -541,7 +541,7 @@ fn compose_file_is_valid_per_the_compose_specification() {
         String::from_utf8_lossy(&out.stderr)
     );
     // The normalized model: what Compose would run.
-    let model: Value = serde_yaml::from_slice(&out.stdout).expect("normalized model");
+    let model: Value = yaml_serde::from_slice(&out.stdout).expect("normalized model");
     for a in adapter_services(&compose()) {
         assert_eq!(
             model["services"]["istiod"]["depends_on"][a.as_str()]["condition"].as_str(),
@@ -629,7 +629,7 @@ fn env_var(s: &Value, key: &str) -> Option<String> {
     match &s["environment"] {
         Value::Mapping(m) => m.get(key).map(|v| match v {
             Value::String(x) => x.clone(),
-            other => serde_yaml::to_string(other)
+            other => yaml_serde::to_string(other)
                 .expect("yaml")
                 .trim()
                 .to_string(),
@@ -849,7 +849,7 @@ fn envoy_bootstrap(c: &Value) -> (PathBuf, Value) {
         .unwrap_or_else(|| panic!("envoy: no volume mounted at {target}"));
     let path = repo().join("docker").join(source);
     let bootstrap: Value =
-        serde_yaml::from_str(&read(&path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        yaml_serde::from_str(&read(&path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     (path, bootstrap)
 }
 

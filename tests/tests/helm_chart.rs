@@ -111,7 +111,7 @@ impl Helm {
 /// The documents of a YAML stream (empty ones left out).
 fn documents(text: &str, what: &str) -> Vec<Value> {
     use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(text)
+    yaml_serde::Deserializer::from_str(text)
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{what}: {e}\n{text}")))
         .filter(|v| !v.is_null())
         .collect()
@@ -987,7 +987,7 @@ fn chart_renders_exactly_the_plain_manifests() {
 fn notes_mesh_config(notes: &str) -> Option<Value> {
     let start = notes.find("\nmeshConfig:")? + 1;
     let block = notes[start..].split("\n\n").next().unwrap_or_default();
-    Some(serde_yaml::from_str(block).unwrap_or_else(|e| panic!("NOTES.txt block: {e}\n{block}")))
+    Some(yaml_serde::from_str(block).unwrap_or_else(|e| panic!("NOTES.txt block: {e}\n{block}")))
 }
 
 /// A dry-run create with strict field validation (an unknown or duplicate field is an error).
@@ -1200,7 +1200,7 @@ fn rendered_chart_on_the_api_server_and_notes_list_every_shard() {
         if ns == "helm-manifests" {
             // The manifests' values print exactly deploy/kubernetes/istiod-meshconfig.yaml's
             // fragment, for the manifests' namespace.
-            let fragment: Value = serde_yaml::from_str(
+            let fragment: Value = yaml_serde::from_str(
                 &std::fs::read_to_string(manifests_dir().join("istiod-meshconfig.yaml"))
                     .expect("istiod-meshconfig.yaml"),
             )

@@ -2,7 +2,7 @@
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use super::{ConvertError, DocRef};
 

@@ -2,7 +2,7 @@
 //! protocols derived from port names.
 
 use mcp_core::model::{Endpoint, Host, Location, Port, Resolution, Service, ServiceKey};
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use super::address::split_host_port;
 use super::de::{str_field, typed};

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use mcp_core::model::Labels;
 use serde::Deserialize;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use super::de::nullable;
 use super::istio::{LocationSpec, ResolutionSpec};

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use mcp_core::model::{Endpoint, LabelSet, Labels, Location, Resolution};
 use serde::Deserialize;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use super::de::nullable;
 

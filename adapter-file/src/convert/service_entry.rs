@@ -1,7 +1,7 @@
 //! Istio ServiceEntry document -> [`Service`].
 
 use mcp_core::model::{Endpoint, Host, Location, Port, Resolution, Service, ServiceKey};
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use super::de::{str_field, typed};
 use super::istio::{ServiceEntryDoc, ISTIO_API_VERSIONS};
@@ -165,7 +165,7 @@ status: {}
 
     #[test]
     fn full_service_entry_json_matches_yaml() {
-        let value: serde_yaml::Value = serde_yaml::from_str(FULL_SE_YAML).expect("yaml");
+        let value: yaml_serde::Value = yaml_serde::from_str(FULL_SE_YAML).expect("yaml");
         let json = serde_json::to_string_pretty(&value).expect("json");
         let services = parse("a.json", &json, Format::Json).expect("parses");
         let want = expected_full("file a.json, document 1 (ServiceEntry shop/payments)");

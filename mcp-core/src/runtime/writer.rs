@@ -81,7 +81,7 @@ impl Writer {
                     break e;
                 }
             };
-            self.mark_unhealthy(&error).await;
+            self.watch_failed(&error).await;
             let delay = backoff.failed(Instant::now());
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -93,9 +93,31 @@ impl Writer {
     /// Applies one event. A `Reset` is the watch's full state: the registry is in sync (and the
     /// retry delay may start over once the watch stays up), whatever came before it.
     async fn apply(&mut self, ev: RegistryEvent, backoff: &mut Backoff) {
-        if matches!(ev, RegistryEvent::Reset(_)) {
-            backoff.synced(Instant::now());
-            self.mark_healthy().await;
+        match ev {
+            RegistryEvent::Reset(_) => {
+                backoff.synced(Instant::now());
+                self.mark_healthy().await;
+            }
+            // The watch goes on: health only, nothing to apply.
+            RegistryEvent::Retrying(error) => {
+                self.metrics
+                    .registry_retries
+                    .with_label_values(&[error.kind()])
+                    .inc();
+                self.mark_unhealthy(
+                    &error,
+                    "Registry watch failed; it resumes by itself from where it was.",
+                );
+                self.health
+                    .set_service_status(REGISTRY_HEALTH, tonic_health::ServingStatus::NotServing)
+                    .await;
+                return;
+            }
+            RegistryEvent::Recovered => {
+                self.mark_healthy().await;
+                return;
+            }
+            _ => {}
         }
         if let Some(ev) = self.shard.filter(ev) {
             self.index.apply(ev);
@@ -232,25 +254,28 @@ impl Writer {
             .await;
     }
 
-    async fn mark_unhealthy(&self, error: &RegistryError) {
+    /// A watch that ended: counted, and the registry is unhealthy until the next `Reset`.
+    async fn watch_failed(&self, error: &RegistryError) {
         self.metrics
             .registry_errors
             .with_label_values(&[error.kind()])
             .inc();
-        self.metrics.registry_healthy.set(0);
-        // Cut where it is stored: /readyz quotes it at every probe (clip.rs).
-        let text = clip_error(error.to_string());
-        {
-            let mut st = self.status.lock();
-            if st.healthy || st.last_good.is_none() {
-                st.last_good = Some(SystemTime::now());
-            }
-            st.healthy = false;
-            tracing::warn!(error = %text, serving_last_good = st.synced, "Registry watch failed; retrying with backoff.");
-            st.last_error = Some(text);
-        }
+        self.mark_unhealthy(error, "Registry watch failed; retrying with backoff.");
         self.health
             .set_service_status(REGISTRY_HEALTH, tonic_health::ServingStatus::NotServing)
             .await;
+    }
+
+    fn mark_unhealthy(&self, error: &RegistryError, message: &'static str) {
+        self.metrics.registry_healthy.set(0);
+        // Cut where it is stored: /readyz quotes it at every probe (clip.rs).
+        let text = clip_error(error.to_string());
+        let mut st = self.status.lock();
+        if st.healthy || st.last_good.is_none() {
+            st.last_good = Some(SystemTime::now());
+        }
+        st.healthy = false;
+        tracing::warn!(error = %text, serving_last_good = st.synced, "{message}");
+        st.last_error = Some(text);
     }
 }
