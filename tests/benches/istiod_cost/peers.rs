@@ -1,7 +1,9 @@
 //! The processes around istiod: istiod itself (`e2e::istiod`, spawned without its two-minute
-//! wait: a large first sync takes longer, and the bench times it), and the
-//! byte count of the forwarders (`e2e::forwarder`) between istiod and each of its sources.
+//! wait: a large first sync takes longer, and the bench times it), the byte count of the
+//! forwarders (`e2e::forwarder`) between istiod and each of its sources, and the API server
+//! seen from outside: its process (CPU, RSS) and its own request counter.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -104,4 +106,117 @@ impl Istiod {
             .filter(|l| l.contains(what))
             .count()
     }
+}
+
+/// kube-apiserver-test's process id: the child of this process whose command line holds
+/// `-port <port>` (`e2e::kube` spawns the binary itself, one process with its etcd embedded).
+pub fn api_server_pid(kube: &KubeApiServer) -> Option<u32> {
+    let me = std::process::id();
+    let want = format!("\0-port\0{}\0", kube.addr.port());
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            if !cmdline.contains("kube-apiserver-test") || !cmdline.contains(&want) {
+                return None;
+            }
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // Field 4, the parent, counted after the command name's closing paren.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == me).then_some(pid)
+        })
+}
+
+/// The API server's own request counter (`apiserver_request_total` on its `/metrics`, read with
+/// the admin token): one count per series.
+#[derive(Clone, Debug, Default)]
+pub struct ApiRequests {
+    series: Vec<(BTreeMap<String, String>, f64)>,
+}
+
+/// Verbs (as the API server labels them: a server-side apply is `APPLY`) that write.
+const WRITES: [&str; 6] = [
+    "POST",
+    "PUT",
+    "PATCH",
+    "APPLY",
+    "DELETE",
+    "DELETECOLLECTION",
+];
+
+impl ApiRequests {
+    /// Reads the counter now; `None` when the API server does not answer with it.
+    pub fn get(kube: &KubeApiServer) -> Option<ApiRequests> {
+        let r = kube
+            .try_request(ADMIN_TOKEN, "GET", "/metrics", None)
+            .ok()?;
+        let text = match (r.status, r.body) {
+            (200, serde_json::Value::String(text)) => text,
+            _ => return None,
+        };
+        let series: Vec<_> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("apiserver_request_total{"))
+            .filter_map(|l| {
+                let (labels, value) = l.rsplit_once("} ")?;
+                let labels = labels
+                    .split("\",")
+                    .filter_map(|kv| {
+                        let (k, v) = kv.split_once("=\"")?;
+                        Some((k.to_string(), v.trim_end_matches('"').to_string()))
+                    })
+                    .collect();
+                Some((labels, value.trim().parse().ok()?))
+            })
+            .collect();
+        (!series.is_empty()).then_some(ApiRequests { series })
+    }
+
+    /// Requests per verb to `resource` (any subresource), as `VERB` or `VERB/subresource`.
+    pub fn by_verb(&self, resource: &str) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for (labels, v) in &self.series {
+            if labels.get("resource").map(String::as_str) != Some(resource) {
+                continue;
+            }
+            let verb = labels.get("verb").cloned().unwrap_or_default();
+            let key = match labels.get("subresource").map(String::as_str) {
+                None | Some("") => verb,
+                Some(sub) => format!("{verb}/{sub}"),
+            };
+            *out.entry(key).or_insert(0.0) += v;
+        }
+        out
+    }
+
+    /// Write requests to `resource` (any subresource).
+    pub fn writes(&self, resource: &str) -> f64 {
+        self.by_verb(resource)
+            .into_iter()
+            .filter(|(k, _)| WRITES.contains(&k.split('/').next().unwrap_or_default()))
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+/// `after - before` per verb, the verbs that moved, for logs (`PATCH 20, APPLY 1`).
+pub fn verbs_delta(before: &ApiRequests, after: &ApiRequests, resource: &str) -> String {
+    let b = before.by_verb(resource);
+    after
+        .by_verb(resource)
+        .into_iter()
+        .map(|(k, v)| (v - b.get(&k).copied().unwrap_or(0.0), k))
+        .filter(|(d, _)| *d > 0.0)
+        .map(|(d, k)| format!("{k} {d}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
