@@ -145,6 +145,22 @@ mod tests {
         assert_eq!(l.max_connection_age, Some(Duration::from_secs(1800)));
         assert_eq!(l.connection_age_grace, Duration::from_secs(10));
         assert_eq!(l.unacked_threshold, Duration::from_secs(30));
+        let d = ServerLimits::default();
+        assert_eq!(
+            (
+                d.stream,
+                d.max_connection_age,
+                d.connection_age_grace,
+                d.unacked_threshold
+            ),
+            (
+                l.stream,
+                l.max_connection_age,
+                l.connection_age_grace,
+                l.unacked_threshold
+            ),
+            "ServerLimits::default() is the flags' defaults"
+        );
         let a = parse(&["--max-connection-age", "0", "--max-request-size", "4MiB"]).expect("ok");
         assert_eq!(a.limits().max_connection_age, None);
         assert_eq!(a.max_request_size, 4 << 20);

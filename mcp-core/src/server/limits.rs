@@ -32,6 +32,12 @@ pub const MAX_TYPE_URL_LENGTH: usize = 512;
 pub const MAX_RESOURCE_NAMES: usize = 262_144;
 /// Default `--max-request-size`.
 pub const MAX_REQUEST_SIZE: usize = 16 << 20;
+/// Default `--max-connection-age` (istiod's own server recycles Envoys' connections as often).
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(30 * 60);
+/// Default `--max-connection-age-grace`.
+pub const MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(10);
+/// Default `--unacked-threshold`.
+pub const UNACKED_THRESHOLD: Duration = Duration::from_secs(30);
 
 /// A refusal is logged at most this often per limit (every one is counted).
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -90,7 +96,7 @@ pub enum Refused {
     /// Too many resource names for one type.
     #[error("{count} resource names for {type_url} on one stream, over this adapter's --max-resource-names of {limit}")]
     ResourceNames {
-        /// The type (truncated to [`MAX_TYPE_URL_LENGTH`] bytes by the check before it).
+        /// The type (at most `--max-type-url-length` bytes: that is checked first).
         type_url: String,
         /// Names the stream would hold.
         count: usize,
@@ -213,6 +219,7 @@ impl ServerLimits {
     }
 }
 
+/// The flags' defaults.
 impl Default for ServerLimits {
     fn default() -> Self {
         Self::new(
@@ -221,9 +228,9 @@ impl Default for ServerLimits {
             MAX_STREAMS,
             MAX_STREAMS_PER_CONNECTION,
             MAX_REQUEST_SIZE,
-            None,
-            Duration::from_secs(10),
-            Duration::from_secs(30),
+            Some(MAX_CONNECTION_AGE),
+            MAX_CONNECTION_AGE_GRACE,
+            UNACKED_THRESHOLD,
         )
     }
 }
