@@ -10,6 +10,7 @@ pub mod backend;
 pub mod consul;
 pub mod envoy;
 pub mod eureka;
+pub mod flood;
 pub mod forwarder;
 pub mod istiod;
 pub mod kube;
@@ -19,6 +20,7 @@ pub mod netns;
 pub mod pki;
 pub mod process;
 pub mod registries;
+pub mod xds_sinks;
 pub mod zookeeper;
 pub mod ztunnel;
 
