@@ -7,6 +7,7 @@
 mod adapter;
 mod adsc;
 pub mod backend;
+pub mod background;
 pub mod consul;
 pub mod envoy;
 pub mod eureka;

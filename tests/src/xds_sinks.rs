@@ -7,12 +7,13 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::background::Background;
 
 /// The type URL the sinks subscribe to (istiod 1.24+).
 pub const SERVICE_ENTRY: &str = "networking.istio.io/v1/ServiceEntry";
@@ -61,8 +62,7 @@ impl Shared {
 /// Running sinks; stopped (their streams closed) on drop.
 pub struct XdsSinks {
     shared: Arc<Shared>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    _thread: Background,
 }
 
 impl XdsSinks {
@@ -72,10 +72,9 @@ impl XdsSinks {
             sinks: Mutex::new(vec![SinkState::default(); specs.len()]),
             changed: Condvar::new(),
         });
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let specs = specs.to_vec();
         let out = shared.clone();
-        let thread = std::thread::spawn(move || {
+        let thread = Background::spawn(move |stopped| {
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -108,8 +107,7 @@ impl XdsSinks {
         });
         XdsSinks {
             shared,
-            stop: Some(stop),
-            thread: Some(thread),
+            _thread: thread,
         }
     }
 
@@ -159,17 +157,6 @@ impl XdsSinks {
                 .wait_timeout(s, end - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-        }
-    }
-}
-
-impl Drop for XdsSinks {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
         }
     }
 }

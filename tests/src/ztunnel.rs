@@ -26,7 +26,6 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -38,6 +37,8 @@ use envoy_types::pb::google::protobuf::{value, Struct, Value};
 use envoy_types::pb::google::rpc::Status;
 use prost::Message;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::background::Background;
 
 /// The type ztunnel watches for its services and workloads.
 pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";
@@ -352,8 +353,7 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
 /// ACKed, on a thread of its own; closed on drop.
 pub struct ZtunnelWatch {
     shared: Shared,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    _thread: Background,
 }
 
 impl ZtunnelWatch {
@@ -362,9 +362,8 @@ impl ZtunnelWatch {
     /// [`ZtunnelWatch::wait_until`].
     pub fn connect(istiod_grpc: SocketAddr) -> ZtunnelWatch {
         let shared: Shared = Arc::default();
-        let (stop, stopped) = tokio::sync::oneshot::channel();
         let out = shared.clone();
-        let thread = std::thread::spawn(move || {
+        let thread = Background::spawn(move |stopped| {
             let ended = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -386,8 +385,7 @@ impl ZtunnelWatch {
         });
         ZtunnelWatch {
             shared,
-            stop: Some(stop),
-            thread: Some(thread),
+            _thread: thread,
         }
     }
 
@@ -440,17 +438,6 @@ impl ZtunnelWatch {
                 .wait_timeout(s, end - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-        }
-    }
-}
-
-impl Drop for ZtunnelWatch {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
         }
     }
 }
