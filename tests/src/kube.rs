@@ -393,14 +393,6 @@ impl KubeApiServer {
             Some(&review),
         );
         assert_eq!(r.status, 201, "SelfSubjectRulesReview in {ns}: {}", r.body);
-        let strings = |v: &Value| -> Vec<String> {
-            v.as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        };
         let mut rules = BTreeSet::new();
         for rule in r.body["status"]["resourceRules"]
             .as_array()
@@ -527,4 +519,14 @@ pub fn collection_of(obj: &Value) -> String {
         Some(ns) => format!("{prefix}/namespaces/{ns}/{plural}"),
         None => format!("{prefix}/{plural}"),
     }
+}
+
+/// The strings of a JSON array (none for anything else).
+pub fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect()
 }

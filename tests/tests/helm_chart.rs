@@ -27,7 +27,7 @@ use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 
-use e2e::kube::{collection_of, KubeApiServer, ADMIN_TOKEN};
+use e2e::kube::{collection_of, strings, KubeApiServer, ADMIN_TOKEN};
 use e2e::peer_file;
 
 const NS: &str = "mcp-adapters";
@@ -168,15 +168,6 @@ fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
 
 fn must<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     find(objects, kind, name).unwrap_or_else(|| panic!("no {kind} {name} rendered"))
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(str::to_string)
-        .collect()
 }
 
 /// The differences between two object sets, key by key (none: the same objects).
