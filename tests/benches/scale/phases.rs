@@ -102,7 +102,12 @@ impl Ctx {
     pub fn start_adapter(&mut self, inventory: &Path) -> AdapterProc {
         self.starts += 1;
         let log = self.logs.join(format!("adapter-{:02}.log", self.starts));
-        AdapterProc::start(&self.knobs.adapter, &self.knobs.adapter_args, inventory, log)
+        AdapterProc::start(
+            &self.knobs.adapter,
+            &self.knobs.adapter_args,
+            inventory,
+            log,
+        )
     }
 }
 
