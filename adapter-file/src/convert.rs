@@ -8,15 +8,18 @@
 //!   conversion); [`inventory_format`] (the compact inventory) and [`inventory`] (its
 //!   conversion);
 //! - [`address`], [`protocol`], [`time`]: the small parsers those conversions need;
-//! - [`expansion`]: the bound on what YAML aliases may expand a file to.
+//! - [`expansion`]: the bound on what YAML aliases may expand a file to;
+//! - [`stream`] and [`split`]: a document's `services` or `items` read one element at a time.
 //!
 //! Only shape is checked here (required fields, types, enum values, unknown fields). Semantic
 //! validation (DNS host names, label syntax, port name rules, STATIC endpoints being IPs) is the
 //! core's job, which is why every [`Service`] carries an `origin` naming the file and document.
 //!
-//! Every document is first parsed into a [`yaml_serde::Value`] (JSON is converted into one), then
-//! deserialized into typed structs through `serde_path_to_error`, so that a type error says
-//! `spec.ports[0].number` rather than just "invalid type".
+//! Every resource (a document, an item of a `List`, a service of an `Inventory`) is first parsed
+//! into a [`yaml_serde::Value`] (JSON is converted into one), then deserialized into typed
+//! structs through `serde_path_to_error`, so that a type error says `spec.ports[0].number`
+//! rather than just "invalid type". A document's `items` and `services` are read one element
+//! at a time ([`stream`]), so the whole file never becomes one value tree.
 
 mod address;
 mod de;
@@ -28,6 +31,8 @@ mod istio;
 mod location;
 mod protocol;
 mod service_entry;
+mod split;
+mod stream;
 #[cfg(test)]
 mod test_support;
 mod time;
@@ -36,7 +41,6 @@ use std::path::Path;
 
 use mcp_core::model::Service;
 use serde::de::DeserializeSeed;
-use serde::Deserialize;
 use yaml_serde::Value;
 
 pub use error::ConvertError;
@@ -45,9 +49,10 @@ pub use istio::ISTIO_API_VERSIONS;
 pub use protocol::protocol_from_name;
 pub use time::parse_rfc3339;
 
-use inventory::inventory;
+use inventory::{inventory, inventory_streamed};
 use location::DocRef;
 use service_entry::service_entry;
+use stream::DocumentSeed;
 
 /// How a file's text is parsed; chosen by extension so a `.json` file gets JSON error messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,43 +76,75 @@ impl Format {
 
 /// Parses one file. `file` is how the file is named in origins and errors (the path as
 /// configured, so operators recognise it).
+///
+/// Each document is streamed ([`stream`]): the elements of a top-level `services` or `items`
+/// are converted as they are read, so a large file is never held as one value tree. Errors
+/// are what they were when the whole file was parsed first: a syntax error anywhere in the
+/// file wins over a conversion error, and the first conversion error wins over later ones.
 pub fn parse(file: &str, text: &str, format: Format) -> Result<Vec<Service>, ConvertError> {
-    let documents = match format {
-        Format::Json => vec![parse_json(file, text)?],
-        Format::Yaml => parse_yaml(file, text)?,
-    };
     let mut services = Vec::new();
-    for (index, value) in documents.into_iter().enumerate() {
-        // Empty documents (a trailing `---`, a file of comments) define nothing.
-        if value.is_null() {
-            continue;
+    let mut first_error = None;
+    let mut on_document = |doc: DocRef<'_>, document: stream::Document| {
+        if first_error.is_none() {
+            if let Err(e) = finish(doc, document, &mut services) {
+                first_error = Some(e);
+            }
         }
-        let doc = DocRef {
-            file,
-            document: index + 1,
-            item: None,
-        };
-        convert_document(doc, value, &mut services)?;
+    };
+    match format {
+        Format::Json => parse_json(file, text, &mut on_document)?,
+        Format::Yaml => parse_yaml(file, text, &mut on_document)?,
     }
-    Ok(services)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(services),
+    }
 }
 
-fn parse_json(file: &str, text: &str) -> Result<Value, ConvertError> {
-    let syntax = |message: String| ConvertError::Syntax {
+fn parse_json(
+    file: &str,
+    text: &str,
+    on_document: &mut dyn FnMut(DocRef<'_>, stream::Document),
+) -> Result<(), ConvertError> {
+    let syntax = |e: serde_json::Error| ConvertError::Syntax {
         at: format!("file {file}"),
         format: "JSON",
-        message,
+        message: e.to_string(),
     };
-    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| syntax(e.to_string()))?;
-    yaml_serde::to_value(json).map_err(|e| syntax(e.to_string()))
+    let doc = DocRef {
+        file,
+        document: 1,
+        item: None,
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let document = DocumentSeed::<stream::Json>::new(doc)
+        .deserialize(&mut de)
+        .map_err(syntax)?;
+    de.end().map_err(syntax)?;
+    on_document(doc, document);
+    Ok(())
 }
 
-fn parse_yaml(file: &str, text: &str) -> Result<Vec<Value>, ConvertError> {
+fn parse_yaml(
+    file: &str,
+    text: &str,
+    on_document: &mut dyn FnMut(DocRef<'_>, stream::Document),
+) -> Result<(), ConvertError> {
     let syntax = |index: usize, e: yaml_serde::Error| ConvertError::Syntax {
         at: format!("file {file}, document {}", index + 1),
         format: "YAML",
         message: e.to_string(),
     };
+    // One large document, element by element, when its layout allows.
+    let first = DocRef {
+        file,
+        document: 1,
+        item: None,
+    };
+    if let Some(document) = split::read(first, text) {
+        on_document(first, document);
+        return Ok(());
+    }
     if expansion::may_expand(text) {
         let budget = expansion::budget(text);
         let left = std::cell::Cell::new(budget);
@@ -117,10 +154,50 @@ fn parse_yaml(file: &str, text: &str) -> Result<Vec<Value>, ConvertError> {
                 .map_err(|e| syntax(index, e))?;
         }
     }
-    yaml_serde::Deserializer::from_str(text)
-        .enumerate()
-        .map(|(index, document)| Value::deserialize(document).map_err(|e| syntax(index, e)))
-        .collect()
+    for (index, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
+        let doc = DocRef {
+            file,
+            document: index + 1,
+            item: None,
+        };
+        let document = DocumentSeed::<stream::Yaml>::new(doc)
+            .deserialize(document)
+            .map_err(|e| syntax(index, e))?;
+        on_document(doc, document);
+    }
+    Ok(())
+}
+
+/// Converts a streamed document: its own fields are checked as a whole document's were, then
+/// what its `items` or `services` converted to is taken (or their first error reported).
+fn finish(
+    doc: DocRef<'_>,
+    document: stream::Document,
+    out: &mut Vec<Service>,
+) -> Result<(), ConvertError> {
+    let stream::Document {
+        value,
+        items,
+        services,
+    } = document;
+    // Empty documents (a trailing `---`, a file of comments) define nothing.
+    if value.is_null() {
+        return Ok(());
+    }
+    match (value.get("kind").and_then(Value::as_str), items, services) {
+        (Some("List"), Some(items), _) => {
+            if let Some((e, _)) = items.error {
+                return Err(e);
+            }
+            out.extend(items.services);
+            Ok(())
+        }
+        (Some("Inventory"), _, Some(services)) => {
+            out.extend(inventory_streamed(doc, value, services)?);
+            Ok(())
+        }
+        _ => convert_document(doc, value, out),
+    }
 }
 
 fn convert_document(
@@ -163,9 +240,13 @@ fn convert_document(
 /// `kind: List` (what `kubectl get -o yaml|json` writes): each item is converted as if it were
 /// its own document; its `apiVersion` is not checked because Kubernetes writes `v1`.
 fn list(doc: DocRef<'_>, value: Value, out: &mut Vec<Service>) -> Result<(), ConvertError> {
-    let items = match value.get("items") {
+    let items = match value {
+        Value::Mapping(mut fields) => fields.shift_remove("items"),
+        _ => None,
+    };
+    let items = match items {
         None | Some(Value::Null) => return Ok(()),
-        Some(Value::Sequence(items)) => items.clone(),
+        Some(Value::Sequence(items)) => items,
         Some(_) => return Err(doc.invalid(doc.to_string(), "items", "expected a sequence")),
     };
     for (i, item) in items.into_iter().enumerate() {

@@ -534,3 +534,118 @@ fn editing_one_file_of_many_changes_only_its_service() {
         adapter.log_tail()
     );
 }
+
+/// Services `range` of a generated inventory (ten endpoints each, with labels and a locality),
+/// as YAML in block style, the way exporters and people write it.
+fn inventory_yaml(range: std::ops::Range<usize>) -> String {
+    let mut out = String::from("kind: Inventory\nnamespace: big\nservices:\n");
+    for i in range {
+        out.push_str(&format!(
+            "  - name: svc-{i:05}\n    ports: {{http: 8080}}\n    endpoints:\n"
+        ));
+        for j in 0..10 {
+            let e = i * 10 + j;
+            out.push_str(&format!(
+                "      - {{address: 10.{}.{}.{}, locality: eu/zone-{}, labels: {{version: v{}, track: stable}}}}\n",
+                (e >> 16) & 255,
+                (e >> 8) & 255,
+                e & 255,
+                j % 3,
+                j % 2
+            ));
+        }
+    }
+    out
+}
+
+/// The same services as one JSON document, `namespace` last (keys as a sorting exporter
+/// writes them would put it before `services`; this is the harder order).
+fn inventory_json(range: std::ops::Range<usize>) -> String {
+    let services: Vec<String> = range
+        .map(|i| {
+            let endpoints: Vec<String> = (0..10)
+                .map(|j| {
+                    let e = i * 10 + j;
+                    format!(
+                        r#"{{"address": "10.{}.{}.{}", "locality": "eu/zone-{}", "labels": {{"version": "v{}", "track": "stable"}}}}"#,
+                        (e >> 16) & 255,
+                        (e >> 8) & 255,
+                        e & 255,
+                        j % 3,
+                        j % 2
+                    )
+                })
+                .collect();
+            format!(
+                r#"{{"name": "svc-{i:05}", "ports": {{"http": 8080}}, "endpoints": [{}]}}"#,
+                endpoints.join(", ")
+            )
+        })
+        .collect();
+    format!(
+        "{{\"kind\": \"Inventory\", \"services\": [\n{}\n], \"namespace\": \"big\"}}",
+        services.join(",\n")
+    )
+}
+
+/// Starts the adapter on `dir`, waits (generously: a debug build parsing thousands of services
+/// on a loaded machine) until it serves `services`, checks the steady state, and returns its
+/// peak resident memory in KiB.
+fn peak_serving(dir: &Path, services: usize) -> u64 {
+    let path = dir.to_string_lossy().to_string();
+    let adapter = Adapter::start("adapter-file", &["--path", &path]);
+    adapter.wait_admin(
+        Duration::from_secs(300),
+        "adapter /readyz",
+        "/readyz",
+        |s, _| s == 200,
+    );
+    wait_for(Duration::from_secs(300), "every service served", || {
+        (adapter.debug()["total"].as_u64() == Some(services as u64)).then_some(())
+    });
+    let names = served(&adapter);
+    assert_eq!(names.first().map(String::as_str), Some("big/svc-00000"));
+    adapter.assert_steady(Duration::from_secs(2));
+    let pid = adapter.pid().expect("adapter running");
+    mcp_core::testing::bench::Proc::Pid(pid).mem().hwm_kib
+}
+
+/// #22 item 15: a CMDB export is often one file. One file of 4,000 services (YAML, and JSON
+/// with `namespace` after `services`) must cost about what the same services in 40 files cost:
+/// the file is converted one service at a time, never held as one tree (before, the YAML file's
+/// peak was ~28 bytes per byte of text: 3.4 GiB for 100k services).
+#[test]
+fn one_big_file_costs_what_many_small_files_cost() {
+    const SERVICES: usize = 4_000;
+    const PER_FILE: usize = 100;
+    let many = tempfile::tempdir().expect("tempdir");
+    for f in 0..SERVICES / PER_FILE {
+        std::fs::write(
+            many.path().join(format!("part-{f:03}.yaml")),
+            inventory_yaml(f * PER_FILE..(f + 1) * PER_FILE),
+        )
+        .expect("write part");
+    }
+    let one_yaml = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        one_yaml.path().join("export.yaml"),
+        inventory_yaml(0..SERVICES),
+    )
+    .expect("write export.yaml");
+    let one_json = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        one_json.path().join("export.json"),
+        inventory_json(0..SERVICES),
+    )
+    .expect("write export.json");
+
+    let many_kib = peak_serving(many.path(), SERVICES);
+    for (what, dir) in [("YAML", one_yaml.path()), ("JSON", one_json.path())] {
+        let one_kib = peak_serving(dir, SERVICES);
+        eprintln!("one {what} file: peak {one_kib} KiB; 40 files: {many_kib} KiB");
+        assert!(
+            one_kib <= many_kib * 5 / 4 + 16 * 1024,
+            "one {what} file peaked at {one_kib} KiB, the same services in 40 files at {many_kib} KiB"
+        );
+    }
+}

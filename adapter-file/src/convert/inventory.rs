@@ -9,9 +9,20 @@ use super::de::{str_field, typed};
 use super::inventory_format::{InventoryDoc, InventoryService, INVENTORY_API_VERSION};
 use super::istio::EndpointSpec;
 use super::protocol::protocol_from_name;
+use super::stream::Converted;
 use super::{ConvertError, DocRef};
 
 pub(super) fn inventory(doc: DocRef<'_>, value: Value) -> Result<Vec<Service>, ConvertError> {
+    let inv = inventory_doc(doc, value)?;
+    inv.services
+        .into_iter()
+        .enumerate()
+        .map(|(i, value)| inventory_service(doc, inv.namespace.as_deref(), i, value))
+        .collect()
+}
+
+/// The document's own fields, checked.
+fn inventory_doc(doc: DocRef<'_>, value: Value) -> Result<InventoryDoc, ConvertError> {
     let at = doc.to_string();
     let inv: InventoryDoc = typed(doc, &at, "", value)?;
     if let Some(v) = inv.api_version.as_deref() {
@@ -25,14 +36,38 @@ pub(super) fn inventory(doc: DocRef<'_>, value: Value) -> Result<Vec<Service>, C
             ));
         }
     }
-    inv.services
-        .into_iter()
-        .enumerate()
-        .map(|(i, value)| inventory_service(doc, inv.namespace.as_deref(), i, value))
-        .collect()
+    Ok(inv)
 }
 
-fn inventory_service(
+/// An inventory whose `services` were converted as they were read (without a namespace, which
+/// may come after them): checks the document's other fields, then puts the services in its
+/// namespace, or reports the first service's error as [`inventory`] would have.
+pub(super) fn inventory_streamed(
+    doc: DocRef<'_>,
+    value: Value,
+    converted: Converted,
+) -> Result<Vec<Service>, ConvertError> {
+    let inv = inventory_doc(doc, value)?;
+    let namespace = inv.namespace.as_deref();
+    if let Some((mut e, name)) = converted.error {
+        if let (ConvertError::Invalid { at, .. }, Some(ns)) = (&mut e, namespace) {
+            // Every error of a service names it as `namespace/name` once its name is known.
+            *at = doc.describe("Inventory", name.map(|n| format!("{ns}/{n}")).as_deref());
+        }
+        return Err(e);
+    }
+    let mut services = converted.services;
+    if let Some(ns) = namespace {
+        for service in &mut services {
+            service.key.namespace = Some(ns.to_owned());
+            service.origin = doc.describe("Inventory", Some(&service.key.to_string()));
+        }
+    }
+    Ok(services)
+}
+
+/// One element of `services`, named in errors as `namespace/name` when it has a string `name`.
+pub(super) fn inventory_service(
     doc: DocRef<'_>,
     namespace: Option<&str>,
     index: usize,

@@ -59,7 +59,7 @@ pub struct AdapterProc {
 }
 
 impl AdapterProc {
-    pub fn start(bin: &Path, inventory: &Path, log: PathBuf) -> AdapterProc {
+    pub fn start(bin: &Path, args: &[String], inventory: &Path, log: PathBuf) -> AdapterProc {
         let grpc = free_addr();
         let admin = free_addr();
         let spawned_ns = now_ns();
@@ -71,6 +71,7 @@ impl AdapterProc {
             .arg(grpc.to_string())
             .arg("--admin-listen")
             .arg(admin.to_string())
+            .args(args)
             .env("RUST_LOG", LOG_FILTER)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -56,6 +56,7 @@
 //! | `MCP_SCALE_SETTLE_MS` | 2000 | wait before reading RSS |
 //! | `MCP_SCALE_SKIP` | | comma-separated phases to skip: `rss`, `floor`, `idle`, `delta` |
 //! | `MCP_SCALE_ADAPTER` | `target/release/adapter-file` | the binary under test |
+//! | `MCP_SCALE_ADAPTER_ARGS` | | extra adapter flags, e.g. `--max-file-size 512MiB` for one big file |
 
 mod adapter;
 mod delta;

@@ -33,6 +33,8 @@ pub struct Knobs {
     pub settle: Duration,
     pub skip: BTreeSet<String>,
     pub adapter: PathBuf,
+    /// Extra flags for the adapter (`MCP_SCALE_ADAPTER_ARGS`, split on whitespace).
+    pub adapter_args: Vec<String>,
 }
 
 impl Knobs {
@@ -74,6 +76,11 @@ impl Knobs {
                 .collect(),
             sizes,
             adapter,
+            adapter_args: std::env::var("MCP_SCALE_ADAPTER_ARGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
         }
     }
 
@@ -95,7 +102,12 @@ impl Ctx {
     pub fn start_adapter(&mut self, inventory: &Path) -> AdapterProc {
         self.starts += 1;
         let log = self.logs.join(format!("adapter-{:02}.log", self.starts));
-        AdapterProc::start(&self.knobs.adapter, inventory, log)
+        AdapterProc::start(
+            &self.knobs.adapter,
+            &self.knobs.adapter_args,
+            inventory,
+            log,
+        )
     }
 }
 
