@@ -20,6 +20,7 @@ pub mod netns;
 pub mod pki;
 pub mod process;
 pub mod registries;
+pub mod zk_ensemble;
 pub mod zookeeper;
 pub mod ztunnel;
 
