@@ -31,13 +31,27 @@ const RETRY_TIME: Duration = Duration::from_millis(500);
 /// How long a discarded client gets to close its session politely.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// One built client and its state as the listener reports it: (transitions seen, last state).
+/// What the state listener has seen: the transitions, the last state, and how many times the
+/// server said the session had expired.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Seen {
+    /// Transitions seen.
+    pub transitions: u64,
+    /// The last state.
+    pub state: ZkState,
+    /// Sessions expired so far. The client passes through `NotConnected` only when the server
+    /// answers a reconnect with "expired" (and then opens a new session at once, silently), so
+    /// the watch counts them here: by the time it looks, the state may be `Connected` again.
+    pub expired: u64,
+}
+
+/// One built client and its state as the listener reports it.
 #[derive(Clone)]
 pub struct Client {
     /// The handle.
     pub zk: Arc<ZooKeeper>,
-    /// Transitions seen and the last state.
-    pub state: watch::Receiver<(u64, ZkState)>,
+    /// What the state listener has seen.
+    pub state: watch::Receiver<Seen>,
     /// The addresses it was built with.
     addrs: Vec<SocketAddr>,
 }
@@ -145,7 +159,7 @@ impl Clients {
         let mut slot = self.slot.lock().await;
         let ensemble = resolve(&self.servers).await;
         if let Some(c) = slot.as_ref() {
-            let state = c.state.borrow().1;
+            let state = c.state.borrow().state;
             let now = ensemble.as_ref().ok().map(|e| e.addrs.as_slice());
             let Some(why) = rebuild_reason(state, &c.addrs, now) else {
                 return Ok(c.clone());
@@ -180,12 +194,23 @@ impl Clients {
             }
             Ok(Ok(zk)) => zk,
         };
-        let (state_tx, state_rx) = watch::channel((0u64, ZkState::Connecting));
+        let (state_tx, state_rx) = watch::channel(Seen {
+            transitions: 0,
+            state: ZkState::Connecting,
+            expired: 0,
+        });
         zk.add_listener(move |s: ZkState| {
             tracing::info!(state = ?s, "ZooKeeper connection state changed.");
             state_tx.send_modify(|v| {
-                v.0 += 1;
-                v.1 = s;
+                v.transitions += 1;
+                v.state = s;
+                // Deprecated in the crate's docs, yet the one state its IO task sets when the
+                // server answers a reconnect with "session expired" (zookeeper-async 5.0.0).
+                #[allow(deprecated)]
+                let expired = s == ZkState::NotConnected;
+                if expired {
+                    v.expired += 1;
+                }
             });
         });
         let client = Client {

@@ -47,7 +47,8 @@ pub struct ZookeeperConfig {
     #[arg(long, env = "ZK_SERVERS", default_value = "127.0.0.1:2181")]
     pub zk_servers: String,
 
-    /// Session timeout asked from the server (it clamps it to its min/max).
+    /// Session timeout asked from the server (it clamps it to its min/max). A lost connection
+    /// is ridden out this long (a leader election) before the registry is reported unreachable.
     #[arg(long, env = "ZK_SESSION_TIMEOUT", default_value = "10s", value_parser = parse::duration)]
     pub zk_session_timeout: Duration,
 
@@ -64,8 +65,10 @@ pub struct ZookeeperConfig {
     #[arg(long = "root", env = "MCP_ZK_ROOTS", value_delimiter = ',')]
     pub roots: Vec<String>,
 
-    /// Re-list everything this often even without watch events (watches are only hints).
-    #[arg(long, env = "MCP_ZK_RESYNC_INTERVAL", default_value = "60s", value_parser = parse::duration)]
+    /// Safety pass this often: one `exists` per watched znode, reading again only what changed
+    /// since it was read (a lost watch). Watches are re-armed after every reconnect anyway, so
+    /// this is a backstop, not how changes arrive.
+    #[arg(long, env = "MCP_ZK_RESYNC_INTERVAL", default_value = "5m", value_parser = parse::duration)]
     pub resync_interval: Duration,
 
     /// Longest time one ZooKeeper request may take before the watch is restarted.

@@ -9,19 +9,32 @@
 //! session is gone, the request timed out, the credentials were refused) or is a problem of the
 //! one znode it read.
 //!
+//! A connection lost under a request (a leader election, a server restart) is not a failure of
+//! the watch: the request fails with `ConnectionLoss`, the reader notes it
+//! ([`Reader::take_interrupted`]), and the session re-arms everything once connected again.
+//!
+//! Every znode read is stamped with its `Stat` (the zxids and versions that change with its
+//! data, its children or its ACL), so that [`Reader::check`] (the safety pass, and the re-arm
+//! after a reconnect) asks for one `exists` per watched znode and reads again only what
+//! changed. A directory's stamp is taken by an `exists` just before it is listed, in a full list
+//! and in a check; a directory listed because its watch fired loses its stamp (the next check
+//! lists it once more, stamped). An instance's stamp comes with its data, at no cost.
+//!
 //! Apart from the session loop ([`crate::registry`]) and from what the reads find ([`Read`],
-//! applied by [`crate::model`]): the only state here is which watches are armed.
+//! applied by [`crate::model`]): the state here is which watches are armed, the stamps and the
+//! request counts.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use mcp_core::RegistryError;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
-use zookeeper_async::{WatchedEvent, ZkError, ZooKeeper};
+use zookeeper_async::{Stat, WatchedEvent, ZkError, ZooKeeper};
 
 use crate::config::Layout;
 use crate::convert::convert_dubbo;
@@ -44,13 +57,83 @@ fn fatal(e: RegistryError) -> OpError {
 }
 
 /// Key of the child watch on `path` in [`Reader::armed`].
-fn child_key(path: &str) -> String {
+pub(crate) fn child_key(path: &str) -> String {
     format!("c:{path}")
 }
 
 /// Key of the data watch on `path` in [`Reader::armed`].
 pub(crate) fn data_key(path: &str) -> String {
     format!("d:{path}")
+}
+
+/// What of a znode's `Stat` changes when its data, children or ACL change: equal stamps mean
+/// nothing was written to it in between (a znode deleted and created again has a new `czxid`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    czxid: i64,
+    mzxid: i64,
+    pzxid: i64,
+    version: i32,
+    cversion: i32,
+    aversion: i32,
+}
+
+impl Stamp {
+    fn of(st: &Stat) -> Self {
+        Self {
+            czxid: st.czxid,
+            mzxid: st.mzxid,
+            pzxid: st.pzxid,
+            version: st.version,
+            cversion: st.cversion,
+            aversion: st.aversion,
+        }
+    }
+}
+
+/// What a directory listing does with the directory's stamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stamping {
+    /// An `exists` first, recorded (a full list).
+    Before,
+    /// A check has just recorded it.
+    Keep,
+    /// Forgotten (a fired watch: the next check lists it again, stamped).
+    Forget,
+}
+
+/// Requests sent, by kind (never reset: a pass reports the difference).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// `exists` (stat only).
+    pub(crate) exists: u64,
+    /// Children listed.
+    pub(crate) lists: u64,
+    /// Data read.
+    pub(crate) data: u64,
+    /// Bytes of names listed and data read (an `exists` answers a fixed-size stat).
+    pub(crate) bytes: u64,
+}
+
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+    fn sub(self, o: Counts) -> Counts {
+        Counts {
+            exists: self.exists - o.exists,
+            lists: self.lists - o.lists,
+            data: self.data - o.data,
+            bytes: self.bytes - o.bytes,
+        }
+    }
+}
+
+/// Which counter a request adds to.
+#[derive(Clone, Copy)]
+enum Req {
+    Exists,
+    List,
+    Data,
+    Auth,
 }
 
 /// How one watch reads ZooKeeper: its session, the read settings, and the watches its reads
@@ -64,6 +147,16 @@ pub(crate) struct Reader<'a> {
     filters: &'a Filters,
     /// Watches armed and not fired yet: what they watch is known to be as read.
     armed: HashSet<String>,
+    /// The stamp of each znode as last read (`None`: it did not exist), by path.
+    stamps: Mutex<HashMap<String, Option<Stamp>>>,
+    /// What listing a directory does with its stamp.
+    pub(crate) stamping: Stamping,
+    /// A request failed because the connection was lost (the session may well be alive).
+    interrupted: AtomicBool,
+    exists: AtomicU64,
+    lists: AtomicU64,
+    data: AtomicU64,
+    bytes: AtomicU64,
 }
 
 impl<'a> Reader<'a> {
@@ -82,7 +175,46 @@ impl<'a> Reader<'a> {
             concurrency,
             filters,
             armed: HashSet::new(),
+            stamps: Mutex::new(HashMap::new()),
+            stamping: Stamping::Forget,
+            interrupted: AtomicBool::new(false),
+            exists: AtomicU64::new(0),
+            lists: AtomicU64::new(0),
+            data: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
         }
+    }
+
+    /// Requests sent so far.
+    pub(crate) fn counts(&self) -> Counts {
+        Counts {
+            exists: self.exists.load(Ordering::Relaxed),
+            lists: self.lists.load(Ordering::Relaxed),
+            data: self.data.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether a request failed because the connection was lost since the last call: the
+    /// failure then ends the pass, not the watch.
+    pub(crate) fn take_interrupted(&self) -> bool {
+        self.interrupted.swap(false, Ordering::Relaxed)
+    }
+
+    fn record(&self, path: &str, stamp: Option<Stamp>) {
+        if let Ok(mut m) = self.stamps.lock() {
+            m.insert(path.to_string(), stamp);
+        }
+    }
+
+    fn forget(&self, path: &str) {
+        if let Ok(mut m) = self.stamps.lock() {
+            m.remove(path);
+        }
+    }
+
+    fn stamp(&self, path: &str) -> Option<Option<Stamp>> {
+        self.stamps.lock().ok().and_then(|m| m.get(path).copied())
     }
 
     /// Forgets a watch that fired: what it watched is read again.
@@ -98,10 +230,29 @@ impl<'a> Reader<'a> {
     /// Runs a ZooKeeper request with the request timeout and classifies its failure.
     async fn op<T>(
         &self,
+        req: Req,
         what: &str,
         fut: impl Future<Output = Result<T, ZkError>>,
     ) -> Result<Option<T>, OpError> {
-        match timeout(self.request_timeout, fut).await {
+        let counter = match req {
+            Req::Exists => Some(&self.exists),
+            Req::List => Some(&self.lists),
+            Req::Data => Some(&self.data),
+            Req::Auth => None,
+        };
+        if let Some(c) = counter {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        self.classify(what, timeout(self.request_timeout, fut).await)
+    }
+
+    /// What a request's outcome means for the watch.
+    fn classify<T>(
+        &self,
+        what: &str,
+        r: Result<Result<T, ZkError>, tokio::time::error::Elapsed>,
+    ) -> Result<Option<T>, OpError> {
+        match r {
             Err(_) => Err(fatal(RegistryError::Unavailable(format!(
                 "ZooKeeper request for {what} timed out after {:?}",
                 self.request_timeout
@@ -114,10 +265,16 @@ impl<'a> Reader<'a> {
             Ok(Err(ZkError::AuthFailed)) => Err(fatal(RegistryError::Unauthorized(format!(
                 "ZooKeeper refused the digest credentials ({what})"
             )))),
+            // The client reconnects by itself within the session (a leader election, a server
+            // restart): the pass ends here, the session re-arms once connected again.
+            Ok(Err(e @ (ZkError::ConnectionLoss | ZkError::SessionMoved))) => {
+                self.interrupted.store(true, Ordering::Relaxed);
+                Err(fatal(RegistryError::Unavailable(format!(
+                    "ZooKeeper request for {what} failed: {e:?}"
+                ))))
+            }
             Ok(Err(
-                e @ (ZkError::ConnectionLoss
-                | ZkError::SessionExpired
-                | ZkError::SessionMoved
+                e @ (ZkError::SessionExpired
                 | ZkError::OperationTimeout
                 | ZkError::MarshallingError),
             )) => Err(fatal(RegistryError::Unavailable(format!(
@@ -134,7 +291,11 @@ impl<'a> Reader<'a> {
     pub(crate) async fn add_auth(&self, digest: &str) -> Result<(), RegistryError> {
         let zk = Arc::clone(&self.zk);
         match self
-            .op("auth", zk.add_auth("digest", digest.as_bytes().to_vec()))
+            .op(
+                Req::Auth,
+                "auth",
+                zk.add_auth("digest", digest.as_bytes().to_vec()),
+            )
             .await
         {
             Ok(_) => Ok(()),
@@ -153,25 +314,41 @@ impl<'a> Reader<'a> {
     }
 
     /// Children of `path`, arming a child watch unless one is armed; `None` if it is missing.
-    /// Newly armed watch keys are pushed to `armed`.
+    /// Newly armed watch keys are pushed to `armed`. `stamping` says what happens to its stamp.
     async fn children(
         &self,
         path: &str,
         armed: &mut Vec<String>,
+        stamping: Stamping,
     ) -> Result<Option<Vec<String>>, OpError> {
         let key = child_key(path);
         let zk = &self.zk;
+        match stamping {
+            Stamping::Before => {
+                let st = self.op(Req::Exists, path, zk.exists(path, false)).await?;
+                self.record(path, st.as_ref().and_then(Option::as_ref).map(Stamp::of));
+            }
+            Stamping::Keep => {}
+            Stamping::Forget => self.forget(path),
+        }
         let r = if self.armed.contains(&key) {
-            self.op(path, zk.get_children(path, false)).await?
+            self.op(Req::List, path, zk.get_children(path, false))
+                .await?
         } else {
             let r = self
-                .op(path, zk.get_children_w(path, self.watcher(key.clone())))
+                .op(
+                    Req::List,
+                    path,
+                    zk.get_children_w(path, self.watcher(key.clone())),
+                )
                 .await?;
             if r.is_some() {
                 armed.push(key);
             }
             r
         };
+        let bytes: usize = r.iter().flatten().map(String::len).sum();
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         Ok(r)
     }
 
@@ -185,19 +362,27 @@ impl<'a> Reader<'a> {
         let zk = Arc::clone(&self.zk);
         let ekey = format!("e:{root}");
         let exists = if self.armed.contains(&ekey) {
-            self.op(root, zk.exists(root, false)).await
+            self.op(Req::Exists, root, zk.exists(root, false)).await
         } else {
             let w = self.watcher(ekey.clone());
-            let r = self.op(root, zk.exists_w(root, w)).await;
+            let r = self.op(Req::Exists, root, zk.exists_w(root, w)).await;
             if r.is_ok() {
                 self.armed.insert(ekey);
             }
             r
         };
+        // The `exists` just made stamps the root for a full list.
+        let stamping = match (&exists, self.stamping) {
+            (Ok(st), Stamping::Before) => {
+                self.record(root, st.as_ref().and_then(Option::as_ref).map(Stamp::of));
+                Stamping::Keep
+            }
+            (_, s) => s,
+        };
         let names = match exists {
             Ok(Some(Some(_))) => {
                 let mut newly = Vec::new();
-                let r = self.children(root, &mut newly).await;
+                let r = self.children(root, &mut newly, stamping).await;
                 self.armed.extend(newly);
                 r.map(Option::unwrap_or_default)
             }
@@ -238,7 +423,7 @@ impl<'a> Reader<'a> {
             Some(Held::Nothing) => return Ok((Read::Unchanged, newly)),
             Some(Held::Providers) => Shape::Dubbo { providers: true },
             Some(Held::Instances(m)) => Shape::Curator(m.keys().cloned().collect()),
-            None => match self.children(&path, &mut newly).await {
+            None => match self.children(&path, &mut newly, self.stamping).await {
                 Ok(Some(children)) => shape(dir, children),
                 Ok(None) => return Ok((Read::Gone, newly)),
                 Err(OpError::Fatal(e)) => return Err(e),
@@ -275,7 +460,7 @@ impl<'a> Reader<'a> {
         {
             return Ok(Read::Unchanged);
         }
-        Ok(match self.children(&path, newly).await {
+        Ok(match self.children(&path, newly, self.stamping).await {
             Ok(Some(providers)) => {
                 let converted = convert_dubbo(&dir.root, &dir.name, &providers, self.filters);
                 Read::from(DirState::new(scope, Held::Providers, converted))
@@ -315,9 +500,17 @@ impl<'a> Reader<'a> {
                 let zk = &self.zk;
                 async move {
                     let r = match w {
-                        Some(w) => self.op(&p, zk.get_data_w(&p, w)).await,
-                        None => self.op(&p, zk.get_data(&p, false)).await,
+                        Some(w) => self.op(Req::Data, &p, zk.get_data_w(&p, w)).await,
+                        None => self.op(Req::Data, &p, zk.get_data(&p, false)).await,
                     };
+                    // The data comes with its stat: the stamp of what was read.
+                    match &r {
+                        Ok(Some((data, st))) => {
+                            self.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                            self.record(&p, Some(Stamp::of(st)));
+                        }
+                        _ => self.forget(&p),
+                    }
                     (id, key, r)
                 }
             })
@@ -340,6 +533,71 @@ impl<'a> Reader<'a> {
             read.push((id, fetched));
         }
         Ok(Read::Instances { ids, read })
+    }
+
+    /// One `exists` per watched znode (`keys`: child watches `c:` and data watches `d:`),
+    /// compared with its stamp; the keys to treat as fired (read again). With `rearm` (after a
+    /// reconnect, when the client has lost every watch) every child watch is returned, to be
+    /// listed again (a child watch is armed only by listing), with the stamp just taken, and
+    /// the data watches are armed again by the `exists` itself: unchanged instances are not
+    /// read. Without it (the safety pass) nothing is armed, and only what changed, or has no
+    /// stamp, is returned.
+    pub(crate) async fn check(
+        &mut self,
+        keys: Vec<String>,
+        rearm: bool,
+    ) -> Result<Vec<String>, RegistryError> {
+        let results: Vec<_> = {
+            let this = &*self;
+            stream::iter(keys)
+                .map(|key| async move {
+                    let path = key.get(2..).unwrap_or("/").to_string();
+                    let zk = &this.zk;
+                    let data = key.starts_with("d:");
+                    let r = if rearm && data {
+                        let w = this.watcher(key.clone());
+                        this.op(Req::Exists, &path, zk.exists_w(&path, w)).await
+                    } else {
+                        this.op(Req::Exists, &path, zk.exists(&path, false)).await
+                    };
+                    (key, path, data, r)
+                })
+                .buffered(self.concurrency)
+                .collect()
+                .await
+        };
+        let mut fired = Vec::new();
+        for (key, path, data, r) in results {
+            let now = match r {
+                Ok(st) => st.flatten().as_ref().map(Stamp::of),
+                Err(OpError::Fatal(e)) => return Err(e),
+                // exists checks no ACL: not expected; read it again to report it.
+                Err(OpError::Skip(_)) => {
+                    fired.push(key);
+                    continue;
+                }
+            };
+            let same = self.stamp(&path) == Some(now);
+            if data {
+                if rearm {
+                    self.armed.insert(key.clone());
+                }
+                if !same || !self.armed.contains(&key) {
+                    fired.push(key);
+                }
+            } else if rearm || !same || !self.watches(&key, &path) {
+                // Listed next with this stamp (taken before the listing).
+                self.record(&path, now);
+                fired.push(key);
+            }
+        }
+        Ok(fired)
+    }
+
+    /// Whether the child watch `key` on `path` is armed, or (for a root that does not exist)
+    /// the watch for its creation.
+    fn watches(&self, key: &str, path: &str) -> bool {
+        self.armed.contains(key) || self.armed.contains(&format!("e:{path}"))
     }
 
     /// Reads directories concurrently and applies what they hold to `model`.

@@ -1,12 +1,13 @@
 //! Watches ZooKeeper.
 //!
 //! ZooKeeper watches are one-shot hints, and `zookeeper-async` loses them silently on every
-//! reconnect (it never re-sends them) and opens a new session silently after expiry. So the
-//! watcher applies each fired watch at once, and relies on re-listing to be correct:
+//! reconnect (it never sends `SetWatches`, so the server it reconnects to knows none of them)
+//! and opens a new session silently after expiry. So the watcher applies each fired watch at
+//! once, arms every watch again after a reconnect, and checks what it read now and then:
 //!
-//! * one client is shared by every `watch()` call; a state listener records each transition;
-//!   it is rebuilt (resolving the ensemble again) after a terminal state or when the ensemble
-//!   resolves to other addresses (see [`crate::client`]);
+//! * one client is shared by every `watch()` call; a state listener records each transition
+//!   and each session expiry; it is rebuilt (resolving the ensemble again) after a terminal
+//!   state or when the ensemble resolves to other addresses (see [`crate::client`]);
 //! * a watch starts by waiting for a connected session, adding digest auth, listing every root
 //!   and service directory (arming child and data watches) and sending one `Reset`;
 //! * a fired watch is applied at once with what re-arming it returns: the children of a Dubbo
@@ -16,15 +17,21 @@
 //!   services that changed are sent (`Upsert`/`Remove`). Watches that fired meanwhile are
 //!   applied in the same pass; nothing waits for more (the core coalesces bursts,
 //!   `--coalesce`);
-//! * every transition back to `Connected` (a reconnect on the same session, or a new session
-//!   after expiry) forgets all armed watches and re-lists everything, re-adding auth first (the
-//!   client does not re-send auth either);
-//! * a safety re-list runs every `--resync-interval`;
-//! * a connection that stays down longer than [`DISCONNECT_GRACE`], or any request that fails
-//!   with a connection error or times out, ends the watch with `Unavailable`: the core keeps
-//!   serving the last good state (and stays ready: it has a state worth serving), reports the
-//!   registry unhealthy, and calls `watch()` again, which waits for the session and starts over
-//!   with a new `Reset`.
+//! * a lost connection (a leader election, a server restart) is ridden out: the client
+//!   reconnects by itself on the same session, and for up to the session timeout nothing is
+//!   reported, the last state is served, and a request cut short by it ends only the pass it
+//!   was in. Connected again on the same session, the watch adds auth again and re-arms
+//!   every watch ([`Session::check`] with `rearm`): directories are listed again (a child
+//!   watch is armed only so), instances get an `exists` and are read only if their stat
+//!   changed, and only what changed is sent (nothing, usually);
+//! * down longer than the session timeout, the registry is reported unreachable
+//!   (`Retrying`: `/registryz` 503, `mcp_adapter_registry_retries_total`) while the last good
+//!   state is served; `Recovered` once the same session is back. A session the server expired
+//!   ends the watch (`Unavailable`): the next one lists everything again with a `Reset`;
+//! * a safety pass runs every `--resync-interval` (default 5 min): one `exists` per watched
+//!   znode, compared with the stat it had when read, reading again only what changed (a watch
+//!   lost some other way); it sends nothing when nothing changed;
+//! * AuthFailed, a closed session or a request that times out ends the watch.
 //!
 //! This file is the watch: the session, the loop and what it sends. The registry's state is
 //! held once, per service directory, in [`crate::model`] (which also works out what a change
@@ -45,12 +52,12 @@ use zookeeper_async::ZkState;
 use crate::client::{is_terminal, Client, Clients};
 use crate::config::{DubboDiscovery, Layout, ZookeeperConfig};
 use crate::filter::Filters;
-use crate::model::{Dir, Model, Read};
-use crate::reads::{Hint, Reader};
+use crate::model::{join, Dir, Held, Model, Read};
+use crate::reads::{child_key, data_key, Hint, Reader, Stamping};
 
-/// How long the connection may be down before the watch fails (the core then reports the
-/// registry unhealthy on `/registryz`; it keeps serving and stays ready).
-pub const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
+/// How soon a pass cut short by a lost connection is done again when no state transition says
+/// the connection is back (a fallback: the client has always reported one so far).
+const RETRY_PASS: Duration = Duration::from_secs(1);
 /// Longest a new watch waits for a connected session before failing.
 const CONNECT_WAIT: Duration = Duration::from_secs(10);
 
@@ -99,6 +106,8 @@ impl std::fmt::Debug for ZookeeperRegistry {
 struct Inner {
     servers: String,
     request_timeout: Duration,
+    /// How long the connection may be down before the registry is reported unreachable.
+    session_timeout: Duration,
     resync: Duration,
     concurrency: usize,
     digest: SecretSource,
@@ -136,6 +145,7 @@ impl ZookeeperRegistry {
             inner: Arc::new(Inner {
                 servers: cfg.zk_servers.clone(),
                 request_timeout: cfg.zk_request_timeout.max(Duration::from_millis(100)),
+                session_timeout: cfg.zk_session_timeout,
                 resync: cfg.resync_interval.max(Duration::from_secs(1)),
                 concurrency: cfg.zk_concurrency.max(1),
                 digest,
@@ -216,11 +226,12 @@ impl Inner {
     async fn wait_connected(&self, client: &mut Client) -> Result<(), RegistryError> {
         let deadline = Instant::now() + CONNECT_WAIT;
         loop {
-            let (seen, state) = *client.state.borrow_and_update();
+            let seen = *client.state.borrow_and_update();
+            let state = seen.state;
             if is_connected(state) {
                 return Ok(());
             }
-            if seen == 0 {
+            if seen.transitions == 0 {
                 // The Connected transition may have happened before the listener was added:
                 // a request that succeeds proves the session.
                 let probe = timeout(Duration::from_secs(1), client.zk.exists("/", false)).await;
@@ -242,7 +253,7 @@ impl Inner {
     async fn watch(self: Arc<Self>, tx: EventSender) -> Result<(), RegistryError> {
         let mut client = self.clients.get().await?;
         if let Err(e) = self.wait_connected(&mut client).await {
-            if is_terminal(client.state.borrow().1) {
+            if is_terminal(client.state.borrow().state) {
                 self.clients
                     .discard("no session and the state is terminal")
                     .await;
@@ -269,69 +280,119 @@ impl Inner {
             sent_problems: ProblemLedger::new(),
             assembly_problems: BTreeMap::new(),
         };
-        let mut seen_gen = client.state.borrow_and_update().0;
-        s.full_list(&tx, true).await?;
+        let mut seen = *client.state.borrow_and_update();
+        s.reader.stamping = Stamping::Before;
+        let t = Instant::now();
+        let listed = s.full_list(&tx, true).await;
+        s.reader.stamping = Stamping::Forget;
+        let mut interrupted = false;
+        if let Err(e) = listed {
+            // Lost the connection while listing: listed again (whole, with a `Reset`) by the
+            // next watch, once connected.
+            s.reader.take_interrupted();
+            return Err(e);
+        }
+        let n = s.reader.counts();
         tracing::info!(
             servers = %self.servers,
             services = s.model.served.len(),
             directories = s.model.states.len(),
+            exists = n.exists,
+            lists = n.lists,
+            data = n.data,
+            bytes = n.bytes,
+            took = ?t.elapsed(),
             "Listed ZooKeeper."
         );
 
         let mut resync = tokio::time::interval_at(Instant::now() + self.resync, self.resync);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Since when the connection is down (`None`: connected).
         let mut down_since: Option<Instant> = None;
+        // Whether the core was told the registry is unreachable (`Retrying`).
+        let mut reported = false;
         loop {
             let grace = async {
                 match down_since {
-                    Some(t) => tokio::time::sleep_until(t + DISCONNECT_GRACE).await,
-                    None => std::future::pending().await,
+                    Some(t) if !reported => {
+                        tokio::time::sleep_until(t + self.session_timeout).await;
+                    }
+                    _ => std::future::pending().await,
                 }
             };
-            tokio::select! {
+            // A pass cut short by a lost connection is done again once connected; this is the
+            // fallback should no transition come (it always has so far).
+            let retry = async {
+                if interrupted && down_since.is_none() {
+                    tokio::time::sleep(RETRY_PASS).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let pass = tokio::select! {
                 changed = client.state.changed() => {
                     if changed.is_err() {
                         self.clients.discard("its IO task stopped").await;
                         return Err(RegistryError::Unavailable("ZooKeeper client stopped".into()));
                     }
-                    let (gen, state) = *client.state.borrow_and_update();
-                    if gen == seen_gen {
+                    let now = *client.state.borrow_and_update();
+                    if now.transitions == seen.transitions {
                         continue;
                     }
-                    seen_gen = gen;
-                    if is_connected(state) {
-                        // Back on the same session or on a new one: watches (and auth) are
-                        // gone either way.
-                        down_since = None;
-                        tracing::info!("ZooKeeper connected again; re-listing everything.");
-                        s.reader.disarm_all();
-                        s.full_list(&tx, false).await?;
-                    } else if state == ZkState::AuthFailed {
+                    let expired = now.expired != seen.expired;
+                    seen = now;
+                    if expired {
+                        // The client has opened a new session by now, with no watches: the
+                        // next watch lists everything again and sends a `Reset`.
+                        return Err(RegistryError::Unavailable(format!(
+                            "the ZooKeeper session with {} expired",
+                            self.servers
+                        )));
+                    } else if is_connected(now.state) {
+                        if let Some(t) = down_since.take() {
+                            tracing::info!(
+                                down = ?t.elapsed(),
+                                "ZooKeeper connected again on the same session; re-arming watches."
+                            );
+                        }
+                        Pass::Rearm
+                    } else if now.state == ZkState::AuthFailed {
                         self.clients.discard("ZooKeeper refused the digest credentials").await;
                         return Err(RegistryError::Unauthorized(
                             "ZooKeeper refused the digest credentials".into(),
                         ));
-                    } else if is_terminal(state) {
+                    } else if is_terminal(now.state) {
                         self.clients.discard("the session was closed").await;
                         return Err(RegistryError::Unavailable(format!(
                             "the ZooKeeper session with {} was closed",
                             self.servers
                         )));
-                    } else if down_since.is_none() {
-                        down_since = Some(Instant::now());
+                    } else {
+                        if down_since.is_none() {
+                            tracing::info!(
+                                state = ?now.state,
+                                grace = ?self.session_timeout,
+                                "Lost the ZooKeeper connection; serving on while the client reconnects within the session timeout."
+                            );
+                            down_since = Some(Instant::now());
+                        }
+                        Pass::None
                     }
                 }
                 () = grace => {
-                    return Err(RegistryError::Unavailable(format!(
-                        "lost the ZooKeeper connection to {} for more than {DISCONNECT_GRACE:?}",
-                        self.servers
-                    )));
+                    // The session is as good as expired: say so, keep serving, and keep waiting
+                    // (the same session, should it come back, is re-armed; a new one re-lists).
+                    reported = true;
+                    tx.send(RegistryEvent::Retrying(RegistryError::Unavailable(format!(
+                        "no ZooKeeper connection to {} for more than the session timeout ({:?})",
+                        self.servers, self.session_timeout
+                    ))))
+                    .await?;
+                    Pass::None
                 }
+                () = retry => Pass::Rearm,
                 _ = resync.tick() => {
-                    if down_since.is_none() {
-                        tracing::debug!("Periodic ZooKeeper re-list.");
-                        s.full_list(&tx, false).await?;
-                    }
+                    if down_since.is_none() { Pass::Safety } else { Pass::None }
                 }
                 hint = hints.recv() => {
                     let Some(Hint(first)) = hint else {
@@ -344,20 +405,60 @@ impl Inner {
                         fired.push(k);
                     }
                     if down_since.is_none() {
-                        let t = Instant::now();
-                        let watches = fired.len();
-                        s.apply_fired(&tx, fired).await?;
-                        tracing::debug!(watches, took = ?t.elapsed(), "Applied fired watches.");
+                        Pass::Fired(fired)
                     } else {
-                        // Re-listed anyway once connected again.
+                        // Checked anyway once connected again.
                         for k in fired {
                             s.reader.disarm(&k);
                         }
+                        Pass::None
                     }
                 }
+            };
+            let rearm = matches!(pass, Pass::Rearm);
+            let result = match pass {
+                Pass::None => continue,
+                Pass::Rearm => s.check(&tx, true).await,
+                Pass::Safety => s.check(&tx, false).await,
+                Pass::Fired(fired) => {
+                    let t = Instant::now();
+                    let watches = fired.len();
+                    let r = s.apply_fired(&tx, fired).await;
+                    tracing::debug!(watches, took = ?t.elapsed(), "Applied fired watches.");
+                    r.map(|_| ())
+                }
+            };
+            match result {
+                Ok(()) => {
+                    if rearm {
+                        interrupted = false;
+                    }
+                    if reported && down_since.is_none() {
+                        reported = false;
+                        tx.send(RegistryEvent::Recovered).await?;
+                    }
+                }
+                Err(e) if s.reader.take_interrupted() => {
+                    tracing::info!(error = %e, "A ZooKeeper request lost its connection; re-arming once connected again.");
+                    interrupted = true;
+                }
+                Err(e) => return Err(e),
             }
         }
     }
+}
+
+/// What the session loop does next.
+enum Pass {
+    /// Nothing.
+    None,
+    /// Check every watched znode and arm every watch again (connected again, or a pass was cut
+    /// short by a lost connection).
+    Rearm,
+    /// The safety pass: check every watched znode.
+    Safety,
+    /// Apply fired watches.
+    Fired(Vec<String>),
 }
 
 impl Drop for Session<'_> {
@@ -379,8 +480,9 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Re-lists every root and directory and sends the result (`Reset` when `reset`).
-    async fn full_list(&mut self, tx: &EventSender, reset: bool) -> Result<(), RegistryError> {
+    /// Adds the digest credentials, if any, to the session (again after a reconnect: the
+    /// client does not re-send them).
+    async fn auth(&mut self) -> Result<(), RegistryError> {
         let digest = self.inner.digest.current().map_err(|e| {
             RegistryError::Unavailable(format!("cannot read --zk-digest-file: {e}"))
         })?;
@@ -388,6 +490,84 @@ impl Session<'_> {
             check_digest(&d).map_err(|e| RegistryError::Unauthorized(e.to_string()))?;
             self.reader.add_auth(d.expose()).await?;
         }
+        Ok(())
+    }
+
+    /// The watch keys of every znode the model was read from: each root and directory (child
+    /// watches), each Dubbo `providers` directory, each Curator instance (data watches). A
+    /// Dubbo interface's own directory is left out when it has a `providers` directory: its
+    /// other children (`consumers`, `routers`) change nothing served, and its deletion shows in
+    /// its root's stamp.
+    fn watched(&self) -> Vec<String> {
+        let mut keys = BTreeSet::new();
+        for (root, _) in &self.inner.roots {
+            keys.insert(child_key(root));
+        }
+        for dir in self.model.dirs.values().flatten() {
+            let providers = self
+                .model
+                .states
+                .get(dir)
+                .is_some_and(|st| st.held == Held::Providers);
+            if !providers {
+                keys.insert(child_key(&dir.path()));
+            }
+        }
+        for (dir, st) in &self.model.states {
+            let path = dir.path();
+            match &st.held {
+                Held::Nothing => {
+                    keys.insert(child_key(&path));
+                }
+                Held::Providers => {
+                    keys.insert(child_key(&join(&path, "providers")));
+                }
+                Held::Instances(m) => {
+                    keys.insert(child_key(&path));
+                    keys.extend(m.keys().map(|id| data_key(&join(&path, id))));
+                }
+            }
+        }
+        keys.into_iter().collect()
+    }
+
+    /// Checks every watched znode against what was read (one `exists` each) and reads again
+    /// what changed, sending only what that changes. With `rearm` (connected again on the same
+    /// session: the client has lost every watch) every watch is armed again; directories are
+    /// listed again (that is how a child watch is armed), instances are read only if changed.
+    async fn check(&mut self, tx: &EventSender, rearm: bool) -> Result<(), RegistryError> {
+        let t = Instant::now();
+        let before = self.reader.counts();
+        if rearm {
+            self.auth().await?;
+            self.reader.disarm_all();
+        }
+        let keys = self.watched();
+        let watched = keys.len();
+        let fired = self.reader.check(keys, rearm).await?;
+        let changed = fired.len();
+        // The directories that changed were stamped by the check, before they are listed.
+        self.reader.stamping = Stamping::Keep;
+        let sent = if fired.is_empty() {
+            Ok(0)
+        } else {
+            self.apply_fired(tx, fired).await
+        };
+        self.reader.stamping = Stamping::Forget;
+        let sent = sent?;
+        let n = self.reader.counts() - before;
+        let pass = if rearm { "re-arm" } else { "safety" };
+        if changed == 0 && sent == 0 && !rearm {
+            tracing::debug!(pass, watched, exists = n.exists, lists = n.lists, data = n.data, bytes = n.bytes, changed, events = sent, took = ?t.elapsed(), "Checked ZooKeeper: nothing changed.");
+        } else {
+            tracing::info!(pass, watched, exists = n.exists, lists = n.lists, data = n.data, bytes = n.bytes, changed, events = sent, took = ?t.elapsed(), "Checked ZooKeeper.");
+        }
+        Ok(())
+    }
+
+    /// Lists every root and directory and sends the result (`Reset` when `reset`).
+    async fn full_list(&mut self, tx: &EventSender, reset: bool) -> Result<(), RegistryError> {
+        self.auth().await?;
         for (root, layout) in self.inner.roots.clone() {
             self.list_root(&root, layout).await?;
         }
@@ -407,16 +587,16 @@ impl Session<'_> {
         self.reader
             .read_dirs(&mut self.model, all, true, &mut touched)
             .await?;
-        self.publish(tx, reset, touched, true).await
+        self.publish(tx, reset, touched, true).await.map(|_| ())
     }
 
     /// Applies fired watches: a root is listed again (new directories read whole, gone ones
-    /// dropped), a directory reads what its fired watches point at.
+    /// dropped), a directory reads what its fired watches point at. How many events it sent.
     async fn apply_fired(
         &mut self,
         tx: &EventSender,
         fired: Vec<String>,
-    ) -> Result<(), RegistryError> {
+    ) -> Result<usize, RegistryError> {
         let mut roots = BTreeSet::new();
         let mut dirs = BTreeSet::new();
         for key in fired {
@@ -464,14 +644,15 @@ impl Session<'_> {
 
     /// Sends the problems that changed and the services that changed (or a `Reset` of
     /// everything). `touched` are the directory scopes whose problems may have changed;
-    /// `all` re-reports every scope (a full list).
+    /// `all` re-reports every scope (a full list). How many events it sent.
     async fn publish(
         &mut self,
         tx: &EventSender,
         reset: bool,
         touched: Vec<String>,
         all: bool,
-    ) -> Result<(), RegistryError> {
+    ) -> Result<usize, RegistryError> {
+        let mut sent = 0;
         let (events, assembled) = self.model.sync(self.inner.discovery, reset);
         // Every scope that may have changed, with its full list: the directory's own problems
         // plus those from assembling (which may come and go for directories that did not
@@ -523,12 +704,14 @@ impl Session<'_> {
                     }
                 }
                 tx.send(event).await?;
+                sent += 1;
             }
         }
+        sent += events.len();
         for ev in events {
             tx.send(ev).await?;
         }
-        Ok(())
+        Ok(sent)
     }
 }
 

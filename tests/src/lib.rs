@@ -22,6 +22,7 @@ pub mod pki;
 pub mod process;
 pub mod registries;
 pub mod xds_sinks;
+pub mod zk_ensemble;
 pub mod zookeeper;
 pub mod ztunnel;
 

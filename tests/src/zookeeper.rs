@@ -12,7 +12,8 @@ use std::time::Duration;
 use crate::process::spawn_piped;
 use crate::{free_addr, target_dir, wait_for, Adapter, Process};
 
-const JARS: [&str; 3] = [
+/// The server's class path (with the configuration directory in front).
+pub(crate) const JARS: [&str; 3] = [
     "/usr/share/java/zookeeper.jar",
     "/usr/share/java/slf4j-log4j12.jar",
     "/usr/share/java/log4j-1.2.jar",
@@ -29,12 +30,7 @@ pub struct ZooKeeper {
 impl ZooKeeper {
     /// Writes zoo.cfg and log4j.properties into a temporary directory and starts the server.
     pub fn start() -> ZooKeeper {
-        for jar in JARS {
-            assert!(
-                Path::new(jar).exists(),
-                "{jar} missing: run scripts/install-zookeeper.sh (the README's test command does)"
-            );
-        }
+        check_jars();
         let dir = tempfile::tempdir().expect("tempdir");
         let addr = free_addr();
         let conf = dir.path().join("conf");
@@ -52,14 +48,7 @@ impl ZooKeeper {
             ),
         )
         .expect("zoo.cfg");
-        std::fs::write(
-            conf.join("log4j.properties"),
-            "log4j.rootLogger=WARN, CONSOLE\n\
-             log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n\
-             log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n\
-             log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p %c{1} - %m%n\n",
-        )
-        .expect("log4j.properties");
+        write_log4j(&conf);
         let zk = ZooKeeper {
             process: Process::new("zookeeper", dir.path(), Duration::from_millis(50)),
             addr,
@@ -120,6 +109,28 @@ impl ZooKeeper {
     }
 }
 
+/// Debian's build logs through log4j 1.2: warnings to the console (the process log).
+pub(crate) fn write_log4j(conf: &Path) {
+    std::fs::write(
+        conf.join("log4j.properties"),
+        "log4j.rootLogger=WARN, CONSOLE\n\
+         log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n\
+         log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n\
+         log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p %c{1} - %m%n\n",
+    )
+    .expect("log4j.properties");
+}
+
+/// Checks the jars are installed.
+pub(crate) fn check_jars() {
+    for jar in JARS {
+        assert!(
+            Path::new(jar).exists(),
+            "{jar} missing: run scripts/install-zookeeper.sh (the README's test command does)"
+        );
+    }
+}
+
 /// Sends a four-letter command, returns the answer.
 pub fn four_letter(addr: SocketAddr, cmd: &str) -> std::io::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
@@ -153,10 +164,15 @@ pub struct Writer {
 impl Writer {
     /// Starts a writer connected to `zk`.
     pub fn start(zk: &ZooKeeper) -> Writer {
+        Writer::start_on(&zk.servers())
+    }
+
+    /// Starts a writer connected to `servers` (`host:port,..`).
+    pub fn start_on(servers: &str) -> Writer {
         // It installs no log subscriber: stderr only ever holds why it exited.
         let mut child = spawn_piped(
             Command::new(writer_bin())
-                .arg(zk.servers())
+                .arg(servers)
                 .env("RUST_LOG", "off"),
             Stdio::piped(),
         );
@@ -170,7 +186,7 @@ impl Writer {
                 let _ = e.read_to_string(&mut why);
             }
             let _ = child.wait();
-            panic!("zk-writer did not start ({}): {why}", zk.servers());
+            panic!("zk-writer did not start ({servers}): {why}");
         }
         Writer {
             child,
@@ -285,4 +301,32 @@ pub fn signal(pid: u32, signal: &str) {
         .status()
         .expect("run kill");
     assert!(st.success(), "kill -{signal} {pid}");
+}
+
+/// `s` without terminal colour codes (`ESC [ ... m`).
+pub fn plain(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A field of a text log line (`name=value`), as a number.
+pub fn log_field(line: &str, name: &str) -> Option<u64> {
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    line.get(start..)?
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }

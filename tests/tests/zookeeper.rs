@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use e2e::zookeeper::{adapter_pid, provider_path, signal, Writer, ZooKeeper};
+use e2e::zookeeper::{adapter_pid, log_field, plain, provider_path, signal, Writer, ZooKeeper};
 use e2e::{
     addresses_of, endpoint_addresses, find, http_get, item_names, mcpctl_get, wait_for, Adapter,
 };
@@ -776,4 +776,125 @@ fn thousand_providers_over_hundred_interfaces() {
     if std::env::var_os("ZK_E2E_LOG").is_some() {
         eprintln!("{}", a.log());
     }
+}
+
+/// The safety passes logged so far (`Checked ZooKeeper`, with `pass="safety"`).
+fn safety_passes(a: &Adapter) -> Vec<String> {
+    plain(&a.log())
+        .lines()
+        .filter(|l| l.contains("Checked ZooKeeper") && l.contains("pass=\"safety\""))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits (generously) until `n` safety passes are logged; them.
+fn passes_at_least(a: &Adapter, n: usize) -> Vec<String> {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = safety_passes(a);
+        if p.len() >= n {
+            return p;
+        }
+        assert!(
+            Instant::now() < end,
+            "{} safety passes logged, not {n}; log:\n{}",
+            p.len(),
+            a.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The safety pass with nothing changed asks one `exists` per watched znode, lists nothing,
+/// reads no data and sends nothing (no snapshot, no `Problems`). A change arrives by its
+/// watch; the next pass lists that one directory again (its stamp went with the watch) and
+/// the passes after it are quiet again.
+///
+/// 20 Dubbo interfaces of 3 providers and 10 Curator services of 3 instances: the watched
+/// znodes are 2 roots, 20 `providers` directories, 10 Curator directories and 30 instances
+/// (62). Before this pass existed, every safety re-list listed 52 znodes' children and read 30
+/// instances' data (82 reads, 84 requests) and converted everything again.
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn safety_pass_reads_only_what_changed() {
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    for i in 0..20 {
+        let iface = format!("com.example.safe{i:02}");
+        for j in 1..=3 {
+            w.create(&provider(&iface, &format!("10.30.{i}.{j}"), 20880, ""), "");
+        }
+    }
+    for i in 0..10 {
+        for j in 1..=3 {
+            w.create(
+                &format!("/services/safe{i}/{j}"),
+                &format!(r#"{{"name":"safe{i}","address":"10.31.{i}.{j}","port":80}}"#),
+            );
+        }
+    }
+    let (a, xds) = adapter_on(
+        &zk.servers(),
+        &["--resync-interval", "1s"],
+        &[(
+            "RUST_LOG",
+            "info,adapter_zookeeper=debug,zookeeper_async=warn",
+        )],
+    );
+    until("30 services", &xds, |i| i.len() == 30);
+    passes_at_least(&a, 3);
+    a.assert_steady_polling(
+        Duration::from_secs(3),
+        Duration::from_millis(250),
+        &["/registryz"],
+    );
+    // The first list reads everything (as every safety re-list did before), stamping each
+    // directory with one `exists` more.
+    let log = plain(&a.log());
+    let listed = log
+        .lines()
+        .find(|l| l.contains("Listed ZooKeeper."))
+        .expect("the first list is logged");
+    eprintln!("{listed}");
+    assert_eq!(log_field(listed, "lists"), Some(52), "{listed}");
+    assert_eq!(log_field(listed, "data"), Some(30), "{listed}");
+    let passes = safety_passes(&a);
+    eprintln!("{}", passes[0]);
+    assert!(passes.len() >= 5, "{passes:?}");
+    for line in &passes {
+        assert!(line.contains("nothing changed"), "{line}");
+        assert_eq!(log_field(line, "watched"), Some(62), "{line}");
+        assert_eq!(log_field(line, "exists"), Some(62), "{line}");
+        assert_eq!(log_field(line, "lists"), Some(0), "{line}");
+        assert_eq!(log_field(line, "data"), Some(0), "{line}");
+        assert_eq!(log_field(line, "bytes"), Some(0), "{line}");
+        assert_eq!(log_field(line, "events"), Some(0), "{line}");
+    }
+    let problems = a.debug()["problems"].to_string();
+    assert!(!problems.contains("zookeeper /"), "{problems}");
+
+    // A change arrives by its watch; the next pass lists that directory once, sending nothing
+    // more; then the passes are quiet again.
+    let seen = safety_passes(&a).len();
+    w.create(&provider("com.example.safe07", "10.30.7.9", 20880, ""), "");
+    until("the new provider", &xds, |i| {
+        find(i, "com.example.safe07").is_some_and(|s| endpoint_count(s) == 4)
+    });
+    let after = passes_at_least(&a, seen + 3);
+    let relisted: Vec<&String> = after[seen..]
+        .iter()
+        .filter(|l| log_field(l, "lists") != Some(0))
+        .collect();
+    assert!(relisted.len() <= 1, "{relisted:?}");
+    for line in &relisted {
+        assert_eq!(log_field(line, "lists"), Some(1), "{line}");
+        assert_eq!(log_field(line, "data"), Some(0), "{line}");
+        assert_eq!(log_field(line, "events"), Some(0), "{line}");
+    }
+    let last = after.last().expect("a pass");
+    assert!(last.contains("nothing changed"), "{last}");
+    a.assert_steady_polling(
+        Duration::from_secs(3),
+        Duration::from_millis(250),
+        &["/registryz"],
+    );
 }
