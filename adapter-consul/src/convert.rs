@@ -517,6 +517,10 @@ mod tests {
             .expect("served");
         assert_eq!(s.endpoints[0].address, "127.0.0.1");
         assert_eq!(s.endpoints[0].weight, Some(1));
-        assert_eq!(s.creation_order, Some(CreationOrder::new(9)), "the instance's CreateIndex");
+        assert_eq!(
+            s.creation_order,
+            Some(CreationOrder::new(9)),
+            "the instance's CreateIndex"
+        );
     }
 }
