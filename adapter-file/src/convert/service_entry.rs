@@ -156,6 +156,7 @@ status: {}
         s.labels = labels(&[("team", "pay")]);
         s.annotations = labels(&[("note", "hi")]);
         s.create_time = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_164_645));
+        s.creation_order = Some(mcp_core::CreationOrder::new(1_704_164_645_000));
         s
     }
 
