@@ -8,7 +8,9 @@ use std::net::IpAddr;
 
 use mcp_core::parse::truthy;
 use mcp_core::translate::naming::{canonical_protocol, map_dns_name};
-use mcp_core::{Endpoint, Host, Labels, Location, Port, Service, ServiceKey, SharedStr};
+use mcp_core::{
+    CreationOrder, Endpoint, Host, Labels, Location, Port, Service, ServiceKey, SharedStr,
+};
 use serde::Deserialize;
 
 use crate::config::ConsulConfig;
@@ -66,6 +68,9 @@ pub struct Instance {
     /// `""` for a normal service; `connect-proxy`, `mesh-gateway`, ... otherwise.
     #[serde(default)]
     pub kind: Option<String>,
+    /// The Raft index that registered this instance (kept by re-registrations of its ID).
+    #[serde(default)]
+    pub create_index: Option<u64>,
 }
 
 /// Weights by health state.
@@ -298,6 +303,13 @@ pub fn convert(name: &str, entries: &[HealthEntry], s: &ConvertSettings) -> Conv
     }
     service.ports = ports;
     service.endpoints = endpoints;
+    // Consul has no service object: the service is as old as its oldest registration still
+    // there (any kind, filtered or not, so health and tag filters do not re-date it).
+    service.creation_order = entries
+        .iter()
+        .filter_map(|e| e.service.create_index)
+        .min()
+        .map(CreationOrder::new);
     service.location = if external {
         Location::External
     } else {
@@ -349,6 +361,7 @@ mod tests {
                     warning: 1,
                 }),
                 kind: None,
+                create_index: None,
             },
             checks: vec![
                 Check {
@@ -504,5 +517,10 @@ mod tests {
             .expect("served");
         assert_eq!(s.endpoints[0].address, "127.0.0.1");
         assert_eq!(s.endpoints[0].weight, Some(1));
+        assert_eq!(
+            s.creation_order,
+            Some(CreationOrder::new(9)),
+            "the instance's CreateIndex"
+        );
     }
 }

@@ -48,6 +48,8 @@ pub fn convert_app(name: &str, instances: &BTreeMap<String, Instance>) -> Conver
     );
     svc.hosts = hosts(&key_name, instances);
     svc.create_time = instances.values().filter_map(Instance::known_since).min();
+    // Who keeps a contested virtual IP: the app known longest (its oldest instance's time).
+    svc.creation_order = svc.create_time.map(mcp_core::CreationOrder::of_time);
 
     let up: Vec<(&String, &Instance)> = instances
         .iter()

@@ -112,6 +112,8 @@ pub fn convert_service(cluster: &Cluster, key: &ObjKey, s: &Settings) -> Convert
         })
         .unwrap_or_default();
     m.create_time = svc.metadata.creation_timestamp.as_ref().map(|t| t.0.into());
+    // Who keeps a contested virtual IP: the older Service (to the second; then the key).
+    m.creation_order = m.create_time.map(mcp_core::CreationOrder::of_time);
 
     let headless = spec.cluster_ip.as_deref() == Some("None");
     if spec.type_.as_deref() == Some("ExternalName") {

@@ -1,9 +1,10 @@
 //! Everything the directories' services need from each other before they are served:
 //!
-//! * two Dubbo interfaces whose names map to one host (`com.foo.Api`, `com.foo.API`): one keeps
-//!   it (the one already served under it, so a newcomer never renames a served service; else
-//!   the one spelled like the host; else the one registered first; else the first in byte
-//!   order), the others get their hashed name, and each renamed one is reported naming both;
+//! * two Dubbo interfaces whose names map to one host (`com.foo.Api`, `com.foo.API`): the one
+//!   whose znode ZooKeeper created first (`czxid`) keeps it, so a newcomer never renames a served
+//!   service, and replicas and restarts agree whatever they served before (byte order only for
+//!   interfaces with no known czxid); the others get their hashed name, and each renamed one is
+//!   reported naming both;
 //! * a Dubbo 3 provider registered at interface and application level (`--dubbo-discovery`):
 //!   endpoints (address and port) served by the preferred level are left out of the other, and
 //!   a service all of whose endpoints are served elsewhere is hidden (and stays hidden while it
@@ -46,28 +47,23 @@ pub struct Built<'a> {
 }
 
 /// What was sent for one service: not the service (the directories hold the only copy), just
-/// enough to tell whether it changed and which interface held its name.
+/// enough to tell whether it changed. (Which of two interfaces keeps a shared name is decided by
+/// registry facts, never by what was sent: replicas with other histories must agree.)
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sent {
     /// Content hash of the service as sent.
     pub hash: u64,
-    /// The Dubbo interface it serves, if any: of two interfaces sharing a name, the one served
-    /// under it keeps it.
-    pub interface: Option<String>,
 }
 
 impl Sent {
-    /// What to remember of `service`, sent with content hash `hash`.
-    pub fn new(service: &Service, hash: u64) -> Self {
-        Self {
-            hash,
-            interface: service.annotations.get(INTERFACE_ANNOTATION).cloned(),
-        }
+    /// What to remember of a service sent with content hash `hash`.
+    pub fn new(hash: u64) -> Self {
+        Self { hash }
     }
 
     /// What to remember of `built` once it is sent.
     pub fn of(built: &Built<'_>) -> Self {
-        Self::new(&built.service, built.hash)
+        Self::new(built.hash)
     }
 }
 
@@ -101,12 +97,10 @@ fn endpoint_addrs(s: &Service) -> impl Iterator<Item = (usize, (&str, u32))> + '
 /// Assembles the directories (in path order) into what is served.
 ///
 /// Each directory comes with its scope, what it converted to and the content hash of its
-/// service if known; `served` is what was sent before (which interface holds a contested name)
-/// and `hidden` what was hidden before.
+/// service if known; `hidden` is what was hidden before.
 pub fn assemble<'a>(
     dirs: impl IntoIterator<Item = (&'a str, &'a Converted, Option<u64>)>,
     discovery: DubboDiscovery,
-    served: &BTreeMap<ServiceKey, Sent>,
     hidden: &BTreeSet<ServiceKey>,
 ) -> Assembled<'a> {
     let mut out = Assembled::default();
@@ -122,7 +116,7 @@ pub fn assemble<'a>(
         })
         .collect();
 
-    rename_colliding_interfaces(&mut cands, served, &mut out.problems);
+    rename_colliding_interfaces(&mut cands, &mut out.problems);
     dedupe_dual_registration(&mut cands, discovery, hidden, &mut out.hidden);
 
     for c in cands {
@@ -163,7 +157,6 @@ pub fn assemble<'a>(
 /// Gives every Dubbo interface but one of those sharing a name its hashed name.
 fn rename_colliding_interfaces(
     cands: &mut [Candidate<'_>],
-    served: &BTreeMap<ServiceKey, Sent>,
     problems: &mut BTreeMap<String, Vec<String>>,
 ) {
     // (name, interface, candidate), borrowed: most registries have no collision, and this runs
@@ -192,25 +185,17 @@ fn rename_colliding_interfaces(
         })
         .collect();
     for (name, members) in groups {
-        let served_before = served
-            .get(&ServiceKey::new(name.clone()))
-            .and_then(|s| s.interface.as_ref());
+        // Created first (the interface znode's czxid), then byte order: `min_by_key` keeps the
+        // first of equals, and members are sorted. A fact of the registry, not of what this
+        // process served before, so every replica and restart picks the same one.
         let keeper = members
             .iter()
-            .position(|(iface, _)| Some(iface) == served_before)
-            .or_else(|| members.iter().position(|(iface, _)| *iface == name))
-            .unwrap_or_else(|| {
-                // Registered first (providers' `timestamp`), then byte order: `min_by_key`
-                // keeps the first of equals, and members are sorted.
-                members
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, (_, i))| {
-                        let t = cands[*i].service.create_time;
-                        (t.is_none(), t)
-                    })
-                    .map_or(0, |(j, _)| j)
-            });
+            .enumerate()
+            .min_by_key(|(_, (_, i))| {
+                let created = cands[*i].service.creation_order;
+                (created.is_none(), created)
+            })
+            .map_or(0, |(j, _)| j);
         let kept = members[keeper].0.clone();
         for (j, (iface, i)) in members.iter().enumerate() {
             if j == keeper {
@@ -285,8 +270,7 @@ fn dedupe_dual_registration(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcp_core::{Endpoint, LabelSet, Port};
-    use std::time::{Duration, UNIX_EPOCH};
+    use mcp_core::{CreationOrder, Endpoint, LabelSet, Port};
 
     fn svc(name: &str, kind: Kind, iface: &str, eps: &[(&str, u32)]) -> Converted {
         let mut s = Service::new(ServiceKey::new(name), format!("zookeeper /x/{iface}"));
@@ -329,79 +313,63 @@ mod tests {
         a.services.keys().map(|k| k.name.clone()).collect()
     }
 
+    fn created(mut c: Converted, czxid: u64) -> Converted {
+        if let Some(s) = c.service.as_mut() {
+            s.creation_order = Some(CreationOrder::new(czxid));
+        }
+        c
+    }
+
     #[test]
     fn colliding_interfaces_get_hashes_and_a_problem_naming_both() {
-        let a = svc("com.foo.api", Kind::DubboInterface, "com.foo.API", &[]);
-        let b = svc("com.foo.api", Kind::DubboInterface, "com.foo.Api", &[]);
-        let c = svc("com.foo.api", Kind::DubboInterface, "com.foo.api", &[]);
-        let none = (BTreeMap::new(), BTreeSet::new());
+        let a = created(
+            svc("com.foo.api", Kind::DubboInterface, "com.foo.API", &[]),
+            30,
+        );
+        let b = created(
+            svc("com.foo.api", Kind::DubboInterface, "com.foo.Api", &[]),
+            10,
+        );
+        let c = created(
+            svc("com.foo.api", Kind::DubboInterface, "com.foo.api", &[]),
+            20,
+        );
+        let none = BTreeSet::new();
         let out = assemble(
             [("s1", &a, None), ("s2", &b, None), ("s3", &c, None)],
             DubboDiscovery::Interface,
-            &none.0,
-            &none.1,
+            &none,
         );
         let mut want = vec![
             "com.foo.api".to_string(),
             dubbo_hashed_name("com.foo.API"),
-            dubbo_hashed_name("com.foo.Api"),
+            dubbo_hashed_name("com.foo.api"),
         ];
         want.sort();
         assert_eq!(names(&out), want);
         let p = &out.problems["s1"][0];
         assert!(
-            p.contains("interfaces com.foo.api and com.foo.API both map to host com.foo.api"),
+            p.contains("interfaces com.foo.Api and com.foo.API both map to host com.foo.api"),
             "{p}"
         );
         assert!(
-            !out.problems.contains_key("s3"),
-            "the exact spelling keeps the name"
+            !out.problems.contains_key("s2"),
+            "the interface created first keeps the name, even against the exact spelling"
         );
-        // Without an exact spelling the first in byte order keeps it.
+        // Without creation facts the first in byte order keeps it.
+        let (a, b) = (
+            svc("com.foo.api", Kind::DubboInterface, "com.foo.API", &[]),
+            svc("com.foo.api", Kind::DubboInterface, "com.foo.Api", &[]),
+        );
         let out = assemble(
             [("s1", &a, None), ("s2", &b, None)],
             DubboDiscovery::Interface,
-            &none.0,
-            &none.1,
+            &none,
         );
         assert!(out.services.contains_key(&ServiceKey::new("com.foo.api")));
         assert!(out.problems["s2"][0].contains("com.foo.API and com.foo.Api"));
-        // What is served keeps its name when a newcomer arrives, whatever the spelling.
-        let served: BTreeMap<ServiceKey, Sent> = [(
-            ServiceKey::new("com.foo.api"),
-            Sent {
-                hash: 0,
-                interface: Some("com.foo.Api".into()),
-            },
-        )]
-        .into();
-        let out = assemble(
-            [("s1", &a, None), ("s2", &b, None), ("s3", &c, None)],
-            DubboDiscovery::Interface,
-            &served,
-            &none.1,
-        );
-        assert!(out.problems.contains_key("s1") && out.problems.contains_key("s3"));
-        assert!(!out.problems.contains_key("s2"), "{:?}", out.problems);
-        // Else the one registered first.
-        let mut older = svc("com.foo.api", Kind::DubboInterface, "com.foo.Api", &[]);
-        if let Some(s) = older.service.as_mut() {
-            s.create_time = Some(UNIX_EPOCH + Duration::from_secs(1000));
-        }
-        let out = assemble(
-            [("s1", &a, None), ("s2", &older, None)],
-            DubboDiscovery::Interface,
-            &none.0,
-            &none.1,
-        );
-        assert!(out.problems.contains_key("s1") && !out.problems.contains_key("s2"));
         // A lone interface keeps the plain name.
-        let out = assemble(
-            [("s2", &b, None)],
-            DubboDiscovery::Interface,
-            &none.0,
-            &none.1,
-        );
+        let out = assemble([("s2", &b, None)], DubboDiscovery::Interface, &none);
         assert_eq!(names(&out), ["com.foo.api"]);
         assert!(out.problems.is_empty());
     }
@@ -431,19 +399,19 @@ mod tests {
             ("a", &both, None),
             ("b", &partly, None),
         ];
-        let none = (BTreeMap::new(), BTreeSet::new());
-        let out = assemble(dirs, DubboDiscovery::Interface, &none.0, &none.1);
+        let none = ((), BTreeSet::new());
+        let out = assemble(dirs, DubboDiscovery::Interface, &none.1);
         assert_eq!(names(&out), ["app2", "com.foo.api"]);
         assert_eq!(out.hidden, [ServiceKey::new("app")].into());
         let app2 = &out.services[&ServiceKey::new("app2")];
         assert_eq!(app2.service.endpoints.len(), 1);
         assert_eq!(app2.service.endpoints[0].address, "10.0.0.9");
 
-        let out = assemble(dirs, DubboDiscovery::Application, &none.0, &none.1);
+        let out = assemble(dirs, DubboDiscovery::Application, &none.1);
         assert_eq!(names(&out), ["app", "app2"]);
         assert_eq!(out.hidden, [ServiceKey::new("com.foo.api")].into());
 
-        let out = assemble(dirs, DubboDiscovery::Both, &none.0, &none.1);
+        let out = assemble(dirs, DubboDiscovery::Both, &none.1);
         assert_eq!(names(&out).len(), 3);
 
         // The provider shuts down: its hidden registration stays hidden while empty.
@@ -453,7 +421,6 @@ mod tests {
         let out = assemble(
             [("i", &iface_empty, None), ("a", &empty, None)],
             DubboDiscovery::Interface,
-            &none.0,
             &hidden,
         );
         assert_eq!(names(&out), ["com.foo.api"]);
@@ -463,11 +430,10 @@ mod tests {
     fn duplicates_are_reported_and_hashes_follow_changes() {
         let first = svc("web", Kind::Curator, "", &[("10.0.0.1", 8080)]);
         let other = svc("web", Kind::Curator, "", &[("10.0.0.2", 80)]);
-        let none = (BTreeMap::new(), BTreeSet::new());
+        let none = ((), BTreeSet::new());
         let out = assemble(
             [("s1", &first, Some(7)), ("s2", &other, None)],
             DubboDiscovery::Interface,
-            &none.0,
             &none.1,
         );
         let web = &out.services[&ServiceKey::new("web")];
@@ -495,7 +461,6 @@ mod tests {
         let out = assemble(
             [("i", &iface, Some(1)), ("a", &app, Some(2))],
             DubboDiscovery::Interface,
-            &none.0,
             &none.1,
         );
         let trimmed = &out.services[&ServiceKey::new("app")];
@@ -503,6 +468,6 @@ mod tests {
         assert_eq!(trimmed.hash, trimmed.service.content_hash());
         assert_eq!(out.services[&ServiceKey::new("com.foo.api")].hash, 1);
         let sent = Sent::of(&out.services[&ServiceKey::new("com.foo.api")]);
-        assert_eq!(sent.interface.as_deref(), Some("com.foo.Api"));
+        assert_eq!(sent.hash, 1);
     }
 }

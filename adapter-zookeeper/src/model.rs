@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use mcp_core::{RegistryEvent, Service, ServiceKey};
+use mcp_core::{CreationOrder, RegistryEvent, Service, ServiceKey};
 
 use crate::assemble::{assemble, Assembled, Built, Sent};
 use crate::config::{DubboDiscovery, Layout};
@@ -87,6 +87,9 @@ pub(crate) struct DirState {
     /// `content_hash` of the service, computed once per change of the directory, so comparing
     /// everything that is served with what was sent costs nothing for the others.
     hash: Option<u64>,
+    /// The directory znode's `czxid`, once read: when ZooKeeper created it, as every replica
+    /// sees it (who keeps a contested name or virtual IP). Kept while the directory lives.
+    created: Option<CreationOrder>,
 }
 
 /// What a directory's children were read as.
@@ -112,7 +115,13 @@ impl DirState {
             held,
             converted,
             hash: None,
+            created: None,
         }
+    }
+
+    /// Whether the directory's `czxid` is known.
+    pub(crate) fn dated(&self) -> bool {
+        self.created.is_some()
     }
 
     /// Nothing to serve and nothing wrong.
@@ -260,6 +269,18 @@ impl Model {
     /// Applies what reading `dir` found; pushes the problem scopes that may have changed
     /// (the new one and, if it moved or went, the old one) to `touched`.
     pub(crate) fn apply(&mut self, dir: Dir, read: Read, touched: &mut Vec<String>) {
+        self.apply_dated(dir, read, None, touched);
+    }
+
+    /// [`Model::apply`], with the directory's `czxid` if it was read this time (else the one
+    /// read before is kept).
+    pub(crate) fn apply_dated(
+        &mut self,
+        dir: Dir,
+        read: Read,
+        czxid: Option<i64>,
+        touched: &mut Vec<String>,
+    ) {
         if matches!(read, Read::Unchanged) {
             return;
         }
@@ -290,6 +311,13 @@ impl Model {
                 DirState::new(dir.scope(false), Held::Instances(held), converted)
             }
         };
+        new.created = czxid
+            .and_then(|z| u64::try_from(z).ok())
+            .map(CreationOrder::new)
+            .or(old.as_ref().and_then(|o| o.created));
+        if let Some(s) = new.converted.service.as_mut() {
+            s.creation_order = new.created;
+        }
         settle(&mut new, old.as_ref());
         if let Some(o) = old.filter(|o| o.scope != new.scope) {
             touched.push(o.scope);
@@ -350,7 +378,6 @@ impl Model {
                 .values()
                 .map(|st| (st.scope.as_str(), &st.converted, st.hash)),
             discovery,
-            served,
             hidden,
         );
         let events = if reset {
@@ -423,8 +450,7 @@ impl Model {
             {
                 continue;
             }
-            self.served
-                .insert(service.key.clone(), Sent::new(service, hash));
+            self.served.insert(service.key.clone(), Sent::new(hash));
             upserts.push(RegistryEvent::Upsert(service.clone()));
         }
         removals.extend(upserts);

@@ -415,20 +415,32 @@ impl<'a> Reader<'a> {
         dir: &Dir,
         old: Option<&DirState>,
         full: bool,
-    ) -> Result<(Read, Vec<String>), RegistryError> {
+    ) -> Result<(Read, Vec<String>, Option<i64>), RegistryError> {
         let path = dir.path();
         let mut newly = Vec::new();
         let known = old.filter(|_| !full && self.armed.contains(&child_key(&path)));
+        // When ZooKeeper created the directory (`czxid`): read once, and again on a full read
+        // (it may have been deleted and created again unseen). Unreadable: undated for now.
+        let czxid = if full || old.is_none_or(|o| !o.dated()) {
+            match self.op(&path, self.zk.exists(&path, false)).await {
+                Ok(Some(Some(stat))) => Some(stat.czxid),
+                Ok(_) | Err(OpError::Skip(_)) => None,
+                Err(OpError::Fatal(e)) => return Err(e),
+            }
+        } else {
+            None
+        };
         let shape = match known.map(|o| &o.held) {
-            Some(Held::Nothing) => return Ok((Read::Unchanged, newly)),
+            Some(Held::Nothing) => return Ok((Read::Unchanged, newly, czxid)),
             Some(Held::Providers) => Shape::Dubbo { providers: true },
             Some(Held::Instances(m)) => Shape::Curator(m.keys().cloned().collect()),
             None => match self.children(&path, &mut newly, self.stamping).await {
                 Ok(Some(children)) => shape(dir, children),
-                Ok(None) => return Ok((Read::Gone, newly)),
+                Ok(None) => return Ok((Read::Gone, newly, None)),
                 Err(OpError::Fatal(e)) => return Err(e),
                 Err(OpError::Skip(p)) => {
-                    return Ok((Read::from(DirState::unreadable(dir.scope(false), p)), newly))
+                    let read = Read::from(DirState::unreadable(dir.scope(false), p));
+                    return Ok((read, newly, czxid));
                 }
             },
         };
@@ -440,7 +452,7 @@ impl<'a> Reader<'a> {
             }
             Shape::Curator(ids) => self.read_instances(dir, old, full, ids, &mut newly).await?,
         };
-        Ok((read, newly))
+        Ok((read, newly, czxid))
     }
 
     /// A Dubbo interface's providers: the children of its `providers` directory, converted
@@ -621,9 +633,9 @@ impl<'a> Reader<'a> {
                 .await
         };
         for (dir, r) in results {
-            let (read, newly) = r?;
+            let (read, newly, czxid) = r?;
             self.armed.extend(newly);
-            model.apply(dir, read, touched);
+            model.apply_dated(dir, read, czxid, touched);
         }
         Ok(())
     }

@@ -15,6 +15,7 @@
 //! each name goes to the shard of the key that wins it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use crate::cache::{encode, Change, Entry, Snapshot};
@@ -47,7 +48,12 @@ pub type Problems = BTreeMap<String, Vec<String>>;
 
 #[derive(Debug)]
 struct KeyState {
+    /// Content hash of the service as the registry gave it (before its virtual IP).
     hash: u64,
+    /// The virtual IP it was last given; with `hash`, what tells a re-listed service unchanged.
+    vip: Option<Ipv4Addr>,
+    /// The virtual IP in `entry`'s addresses, if it has one: what a move rewrites.
+    entry_vip: Option<Ipv4Addr>,
     origin: String,
     /// The last valid version (served unless another key owns the name).
     entry: Option<Arc<Entry>>,
@@ -81,10 +87,9 @@ pub struct Index {
     /// Nothing is published before the registry's first full set: an empty answer would make a
     /// reconnecting sink delete what it had.
     reset_seen: bool,
-    /// Virtual IPs of services that need one, and those services as the registry gave them (a
-    /// service whose address moves is translated again without a registry change).
+    /// Virtual IPs of services that need one. A service whose address moves without a registry
+    /// change (rare: see `vip`) has its served entry rewritten, so no copy of it is kept here.
     vips: Vips,
-    vip_services: HashMap<ServiceKey, Service>,
 }
 
 impl Index {
@@ -112,7 +117,6 @@ impl Index {
             quarantine: Vec::new(),
             reset_seen: false,
             vips: Vips::new(cfg_vips),
-            vip_services: HashMap::new(),
         }
     }
 
@@ -197,10 +201,13 @@ impl Index {
                 }
             }
         }
-        self.allocate_vips(&mut pending);
+        let moved = self.allocate_vips(&pending);
         let mut touched = false;
         for (key, change) in pending {
             touched |= self.update(key, change);
+        }
+        for key in moved {
+            touched |= self.readdress(&key);
         }
         if !touched && self.snapshots.iter().all(Option::is_some) {
             return unchanged;
@@ -279,35 +286,27 @@ impl Index {
             && s.endpoints.is_empty()
     }
 
-    /// Tracks which pending services need a virtual IP; when that set changes, reallocates and
-    /// adds the services whose address moved to `pending`.
-    fn allocate_vips(&mut self, pending: &mut BTreeMap<ServiceKey, Option<Service>>) {
+    /// Tracks which pending services need a virtual IP (and their registry creation order);
+    /// returns the other services whose address moved, to rewrite.
+    fn allocate_vips(
+        &mut self,
+        pending: &BTreeMap<ServiceKey, Option<Service>>,
+    ) -> BTreeSet<ServiceKey> {
+        let mut changed = BTreeSet::new();
         if !self.vips.enabled() {
-            return;
+            return changed;
         }
         let mut membership_changed = false;
-        for (key, change) in pending.iter() {
-            let member = change.as_ref().is_some_and(needs_vip);
-            membership_changed |= self.vips.set_member(key, member);
-            match change {
-                // A re-list mostly repeats what is stored: compare before cloning.
-                Some(s) if member => {
-                    if self.vip_services.get(key) != Some(s) {
-                        self.vip_services.insert(key.clone(), s.clone());
-                    }
-                }
-                _ => {
-                    self.vip_services.remove(key);
-                }
-            }
+        for (key, change) in pending {
+            let want = change
+                .as_ref()
+                .filter(|s| needs_vip(s))
+                .map(|s| s.creation_order);
+            membership_changed |= self.vips.set(key, want, &mut changed);
         }
+        changed.retain(|k| !pending.contains_key(k));
         if !membership_changed {
-            return;
-        }
-        for key in self.vips.reallocate() {
-            if let Some(s) = self.vip_services.get(&key) {
-                pending.entry(key).or_insert_with(|| Some(s.clone()));
-            }
+            return changed;
         }
         let full: Vec<String> = self
             .vips
@@ -316,12 +315,49 @@ impl Index {
             .map(|k| format!("{k}: no free address left in {}", self.cfg.vip_cidr))
             .collect();
         if !full.is_empty() {
-            tracing::warn!(services = full.len(), range = %self.cfg.vip_cidr, "The --vip-cidr range is full; some TCP services are served without a virtual IP.");
+            tracing::warn!(services = full.len(), first = %full[0], range = %self.cfg.vip_cidr, "The --vip-cidr range is full; the youngest TCP services are served without a virtual IP.");
         }
         self.apply(RegistryEvent::Problems {
             scope: VIP_SCOPE.into(),
             problems: full,
         });
+        changed
+    }
+
+    /// Rewrites the served entry of `key`, not changed in the registry, for its moved virtual
+    /// IP; true if what is served changed.
+    fn readdress(&mut self, key: &ServiceKey) -> bool {
+        let vip = self.vips.get(key);
+        let Some(state) = self.states.get_mut(key) else {
+            return false;
+        };
+        state.vip = vip;
+        // The entry of a quarantined service is its last good version: it gets the new
+        // address only if it had one (it needed one too).
+        let Some(old) = state.entry.clone().filter(|_| {
+            state.entry_vip != vip && (state.invalid.is_none() || state.entry_vip.is_some())
+        }) else {
+            return false;
+        };
+        let (from, to) = (state.entry_vip.map(|ip| ip.to_string()), vip);
+        let entry = old.with_spec(|spec| {
+            spec.addresses.retain(|a| Some(a) != from.as_ref());
+            spec.addresses.extend(to.map(|ip| ip.to_string()));
+        });
+        match entry {
+            Ok(entry) => {
+                state.entry_vip = vip;
+                let entry = Arc::new(entry);
+                state.entry = Some(Arc::clone(&entry));
+                self.unclaim(key, &old.name);
+                self.claim(key.clone(), entry);
+                true
+            }
+            Err(e) => {
+                tracing::error!(service = %key, error = %e, "Could not give a service its moved virtual IP; it keeps the old one until it changes.");
+                false
+            }
+        }
     }
 
     fn update(&mut self, key: ServiceKey, change: Option<Service>) -> bool {
@@ -335,20 +371,28 @@ impl Index {
             }
             return true;
         };
-        if let Some(ip) = self.vips.get(&key) {
-            service.addresses.push(ip.to_string());
-        }
         let hash = service.content_hash();
-        if self.states.get(&key).is_some_and(|s| s.hash == hash) {
+        let vip = self.vips.get(&key);
+        if self
+            .states
+            .get(&key)
+            .is_some_and(|s| s.hash == hash && s.vip == vip)
+        {
             return false;
+        }
+        if let Some(ip) = vip {
+            service.addresses.push(ip.to_string());
         }
         let state = self.states.entry(key.clone()).or_insert(KeyState {
             hash,
+            vip,
+            entry_vip: None,
             origin: String::new(),
             entry: None,
             invalid: None,
         });
         state.hash = hash;
+        state.vip = vip;
         // The quarantine list shows origins and reasons of invalid keys and collision losers.
         self.quarantine_dirty |= state.invalid.is_some()
             || state
@@ -375,6 +419,7 @@ impl Index {
                     tracing::info!(origin = %origin, "Service is valid again.");
                     self.invalid.remove(&key);
                 }
+                state.entry_vip = vip;
                 if !same {
                     let entry = Arc::new(entry);
                     let old = state.entry.replace(Arc::clone(&entry));
@@ -564,6 +609,80 @@ mod tests {
         let next = idx.flush().expect("changed");
         assert_eq!(summary(&next, "ns/b"), summary(&first, "ns/b"));
         assert!(idx.problems().is_empty(), "{:?}", idx.problems());
+    }
+
+    /// Virtual IPs in a tiny range under joins, leaves and changes: after every flush the
+    /// served set equals what a replica started now serves (entries rewritten for a moved
+    /// address are byte for byte fresh translations), and a service created after all the
+    /// others never changes another's entry.
+    #[test]
+    fn virtual_ips_match_a_fresh_replica_and_newcomers_move_no_one() {
+        let cidr = crate::vip::VipCidr::range(242, 9, 0, 0, 28); // 14 usable addresses
+        let mk = || {
+            Index::new(
+                crate::translate::test_config(OnEmpty::Keep, cidr),
+                Metrics::new("test").expect("metrics"),
+            )
+        };
+        let tcp = |i: u64, order: u64, ep: u64| {
+            let mut s = mk_service(&format!("s{i}"), &format!("10.0.0.{ep}"));
+            s.ports[0].protocol = Some("TCP".into());
+            s.ports[0].name = "tcp".into();
+            s.creation_order = Some(crate::model::CreationOrder::new(order));
+            s
+        };
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut below = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut idx = mk();
+        idx.apply(RegistryEvent::Reset(vec![]));
+        idx.flush();
+        let mut current: BTreeMap<u64, Service> = BTreeMap::new();
+        let mut next = 0;
+        for round in 0..300 {
+            let i = below(20);
+            let before = idx.snapshots[0].clone().expect("published");
+            let youngest = !current.contains_key(&i);
+            match below(4) {
+                0 => {
+                    current.remove(&i);
+                    idx.apply(RegistryEvent::Remove(ServiceKey::new(format!("s{i}"))));
+                }
+                1 if current.contains_key(&i) => {
+                    let mut s = current[&i].clone();
+                    s.endpoints[0].address = format!("10.0.1.{}", below(9));
+                    current.insert(i, s.clone());
+                    idx.apply(RegistryEvent::Upsert(s));
+                }
+                _ => {
+                    next += 1;
+                    let s = current
+                        .get(&i)
+                        .cloned()
+                        .unwrap_or_else(|| tcp(i, next, below(9)));
+                    current.insert(i, s.clone());
+                    idx.apply(RegistryEvent::Upsert(s));
+                    if youngest {
+                        let after = idx.flush().unwrap_or(Arc::clone(&before));
+                        for e in before.iter() {
+                            let now = after.get(&e.name).expect("still served");
+                            assert_eq!(now.version, e.version, "round {round}: {} changed", e.name);
+                        }
+                    }
+                }
+            }
+            let served = idx.flush().or(idx.snapshots[0].clone()).expect("published");
+            let mut replica = mk();
+            replica.apply(RegistryEvent::Reset(current.values().cloned().collect()));
+            let fresh = replica.flush().expect("first");
+            assert!(served.iter().eq(fresh.iter()), "round {round}");
+            assert_eq!(served.version, fresh.version, "round {round}");
+            assert_eq!(idx.problems(), replica.problems(), "round {round}");
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod vip;
 
 pub use cli::{CommonArgs, OnEmpty};
 pub use model::{
-    Endpoint, Host, LabelSet, Labels, Location, Port, Resolution, Service, ServiceKey, SharedStr,
+    CreationOrder, Endpoint, Host, LabelSet, Labels, Location, Port, Resolution, Service,
+    ServiceKey, SharedStr,
 };
 pub use registry::{channel_stream, EventSender, Registry, RegistryError, RegistryEvent};

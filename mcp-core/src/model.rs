@@ -156,6 +156,40 @@ pub struct Service {
     pub annotations: Labels,
     /// The registry's own creation time, if it has one.
     pub create_time: Option<SystemTime>,
+    /// Where the registry's own records place this service's creation among the others of the
+    /// source (Consul `CreateIndex`, ZooKeeper `czxid`, ...), if they do. Only compared, never
+    /// shown: it decides which of two services wanting one virtual IP keeps it (`vip`), so that
+    /// replicas and restarts agree without sharing any history.
+    pub creation_order: Option<CreationOrder>,
+}
+
+/// A registry fact ordering services by creation: smaller is older. `primary` is the fact
+/// itself (a Raft index, a zxid, Unix milliseconds); `secondary` breaks ties the registry itself
+/// can break (a hash of a Kubernetes `uid` for objects created within one second), else 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CreationOrder {
+    /// The registry's creation fact.
+    pub primary: u64,
+    /// A tie-break the registry provides, else 0.
+    pub secondary: u64,
+}
+
+impl CreationOrder {
+    /// An order from one fact.
+    pub const fn new(primary: u64) -> Self {
+        Self {
+            primary,
+            secondary: 0,
+        }
+    }
+
+    /// An order from a time (Unix milliseconds; before 1970 counts as 1970).
+    pub fn of_time(t: SystemTime) -> Self {
+        let ms = t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Self::new(ms)
+    }
 }
 
 impl Service {
@@ -177,6 +211,7 @@ impl Service {
             labels: Labels::new(),
             annotations: Labels::new(),
             create_time: None,
+            creation_order: None,
         }
     }
 
@@ -199,6 +234,7 @@ impl Service {
         self.labels.hash(&mut h);
         self.annotations.hash(&mut h);
         self.create_time.hash(&mut h);
+        self.creation_order.hash(&mut h);
         h.finish()
     }
 }

@@ -6,18 +6,21 @@
 //! Giving each such entry its own address makes the listeners distinct (clients reach it through
 //! Istio's DNS proxy, which answers the host with this address).
 //!
-//! The allocation is a pure function of the set of services that need one: the same on every
-//! replica and after every restart, so a reconnecting istiod sees no churn. Each service has a
-//! home slot (a stable hash of its key); when two share one, the smaller key keeps it and the
-//! other takes the next free slot. Only a service in such a collision chain can move, and only
-//! when a service that sorts before it joins or leaves the chain.
+//! The allocation is a function of the set of services that need one and of the registry's own
+//! creation facts ([`CreationOrder`]: Consul `CreateIndex`, ZooKeeper `czxid`, ...): the same on
+//! every replica and after every restart, whatever each saw before. Each service has a home slot
+//! (a stable hash of its key); of those wanting one slot the older keeps it and the younger takes
+//! the next free one. So a service registered after those served never moves one of them; only
+//! the leave (or re-dating) of an older service in the same run of taken slots can move a younger
+//! one, towards its home. Keeping addresses through that too would need history, which replicas
+//! do not share: agreement wins (ARCHITECTURE.md, "Virtual IPs").
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
 
-use crate::model::{Resolution, Service, ServiceKey};
+use crate::model::{CreationOrder, Resolution, Service, ServiceKey};
 
 /// Protocols whose ports share a `0.0.0.0:<port>` listener safely (routed by Host header or SNI).
 const SHARED_LISTENER_PROTOCOLS: [&str; 7] = [
@@ -118,14 +121,32 @@ pub fn needs_vip(s: &Service) -> bool {
         })
 }
 
+/// A member's place in line for a slot: services the registry dates come first, oldest first,
+/// then the others; the key breaks what ties remain.
+type Rank = (bool, Option<CreationOrder>, ServiceKey);
+
+#[derive(Debug)]
+struct Member {
+    order: Option<CreationOrder>,
+    slot: Option<u32>,
+}
+
 /// The services that need a VIP and what they got.
+///
+/// The allocation is what placing every member in creation order gives, each taking the first
+/// free slot from its home on: a function of the set and the registry's creation facts, so
+/// replicas agree however they came to it. It is kept incrementally: with linear probing the
+/// occupied slots do not depend on the order of placement, and a member's slot depends only on
+/// the members of its run (the maximal stretch of occupied slots holding it), so a join or leave
+/// places again only the members of the one run it touches, in creation order. A member that
+/// joins after every member of its run (the usual case: it was created last) therefore moves no
+/// one.
 #[derive(Debug)]
 pub struct Vips {
     cidr: VipCidr,
-    members: BTreeSet<ServiceKey>,
-    assigned: HashMap<ServiceKey, Ipv4Addr>,
-    /// Members left without one because the range is full.
-    unassigned: Vec<ServiceKey>,
+    members: HashMap<ServiceKey, Member>,
+    /// Slot -> the member holding it.
+    holders: HashMap<u32, ServiceKey>,
 }
 
 impl Vips {
@@ -133,9 +154,8 @@ impl Vips {
     pub fn new(cidr: VipCidr) -> Self {
         Self {
             cidr,
-            members: BTreeSet::new(),
-            assigned: HashMap::new(),
-            unassigned: Vec::new(),
+            members: HashMap::new(),
+            holders: HashMap::new(),
         }
     }
 
@@ -144,61 +164,163 @@ impl Vips {
         self.cidr != VipCidr::Off
     }
 
-    /// Records whether `key` needs one; true if membership changed (then [`Vips::reallocate`]).
-    pub fn set_member(&mut self, key: &ServiceKey, member: bool) -> bool {
-        if !self.enabled() {
+    /// Records whether `key` needs an address (`Some`, with the registry's creation order of
+    /// the service, if any) or not (`None`); adds to `changed` every key whose address changed
+    /// (`key` itself included). True if membership or order changed.
+    pub fn set(
+        &mut self,
+        key: &ServiceKey,
+        want: Option<Option<CreationOrder>>,
+        changed: &mut BTreeSet<ServiceKey>,
+    ) -> bool {
+        let Some((_, count)) = self.cidr.slots() else {
             return false;
+        };
+        match (self.members.get(key), want) {
+            (None, None) => return false,
+            (Some(m), Some(order)) if m.order == order => return false,
+            _ => {}
         }
-        if member {
-            self.members.insert(key.clone())
-        } else {
-            self.members.remove(key)
+        let before = self.members.len();
+        let old = self.members.remove(key);
+        let after = self.members.len() + usize::from(want.is_some());
+        // A range with no free slot before or after has one run around the whole ring (and,
+        // if crowded, members without a slot that a leave may let in): placed all again. Only
+        // a full range costs that, and a full range is reported.
+        if before.max(after) >= count as usize {
+            if let Some(order) = want {
+                self.members
+                    .insert(key.clone(), Member { order, slot: None });
+            }
+            if let Some(slot) = old.and_then(|m| m.slot) {
+                self.holders.remove(&slot);
+                changed.insert(key.clone());
+            }
+            self.place_all(count, changed);
+            return true;
+        }
+        if let Some(slot) = old.and_then(|m| m.slot) {
+            self.holders.remove(&slot);
+            changed.insert(key.clone());
+            let run = self.take_run(slot, count);
+            self.place(run, count, changed);
+        }
+        if let Some(order) = want {
+            self.members
+                .insert(key.clone(), Member { order, slot: None });
+            // With linear probing a join occupies the first free slot from its home, whatever
+            // the order of placement: the run it lands in is that slot's, merged with the
+            // runs on both sides.
+            let mut free = home_slot(key, count);
+            while self.holders.contains_key(&free) {
+                free = (free + 1) % count;
+            }
+            let mut run = self.take_run(free, count);
+            run.push(key.clone());
+            self.place(run, count, changed);
+        }
+        true
+    }
+
+    /// Frees the runs on both sides of the free slot `slot` (the run a slot filled there
+    /// joins, or the one a member leaving it split) and returns their members.
+    fn take_run(&mut self, slot: u32, count: u32) -> Vec<ServiceKey> {
+        let mut keys = Vec::new();
+        let mut s = (slot + count - 1) % count;
+        while let Some(k) = self.holders.remove(&s) {
+            keys.push(k);
+            s = (s + count - 1) % count;
+        }
+        s = (slot + 1) % count;
+        while let Some(k) = self.holders.remove(&s) {
+            keys.push(k);
+            s = (s + 1) % count;
+        }
+        keys
+    }
+
+    /// Places `keys` (whose slots are free) in creation order, each in the first free slot from
+    /// its home.
+    fn place(&mut self, keys: Vec<ServiceKey>, count: u32, changed: &mut BTreeSet<ServiceKey>) {
+        let mut ranked: Vec<Rank> = keys
+            .into_iter()
+            .filter_map(|k| {
+                let order = self.members.get(&k)?.order;
+                Some((order.is_none(), order, k))
+            })
+            .collect();
+        ranked.sort_unstable();
+        for (_, _, key) in ranked {
+            let mut slot = home_slot(&key, count);
+            while self.holders.contains_key(&slot) {
+                slot = (slot + 1) % count;
+            }
+            if let Some(m) = self.members.get_mut(&key) {
+                if m.slot != Some(slot) {
+                    m.slot = Some(slot);
+                    changed.insert(key.clone());
+                }
+            }
+            self.holders.insert(slot, key);
+        }
+    }
+
+    /// Places every member again: the first `count` in creation order get a slot, the others
+    /// none.
+    fn place_all(&mut self, count: u32, changed: &mut BTreeSet<ServiceKey>) {
+        let mut ranked: Vec<Rank> = self
+            .members
+            .iter()
+            .map(|(k, m)| (m.order.is_none(), m.order, k.clone()))
+            .collect();
+        ranked.sort_unstable();
+        self.holders.clear();
+        let fits = (count as usize).min(ranked.len());
+        for (_, _, key) in ranked.drain(fits..) {
+            if let Some(m) = self.members.get_mut(&key) {
+                if m.slot.take().is_some() {
+                    changed.insert(key);
+                }
+            }
+        }
+        let keys: Vec<ServiceKey> = ranked.into_iter().map(|(_, _, k)| k).collect();
+        let old: HashMap<ServiceKey, Option<u32>> = keys
+            .iter()
+            .filter_map(|k| Some((k.clone(), self.members.get_mut(k)?.slot.take())))
+            .collect();
+        let mut moved = BTreeSet::new();
+        self.place(keys, count, &mut moved);
+        for key in moved {
+            let now = self.members.get(&key).and_then(|m| m.slot);
+            if old.get(&key).copied().flatten() != now {
+                changed.insert(key);
+            }
         }
     }
 
     /// The address of `key`, if it has one.
     pub fn get(&self, key: &ServiceKey) -> Option<Ipv4Addr> {
-        self.assigned.get(key).copied()
+        let (first, _) = self.cidr.slots()?;
+        let slot = self.members.get(key)?.slot?;
+        Some(Ipv4Addr::from(first + slot))
     }
 
-    /// Members the range had no room for.
-    pub fn unassigned(&self) -> &[ServiceKey] {
-        &self.unassigned
-    }
-
-    /// Recomputes the allocation; returns the keys whose address changed (old or new).
-    pub fn reallocate(&mut self) -> Vec<ServiceKey> {
-        let Some((first, count)) = self.cidr.slots() else {
+    /// Members the range had no room for (the youngest), in key order.
+    pub fn unassigned(&self) -> Vec<ServiceKey> {
+        let Some((_, count)) = self.cidr.slots() else {
             return Vec::new();
         };
-        let mut taken: HashSet<u32> = HashSet::with_capacity(self.members.len());
-        let mut assigned = HashMap::with_capacity(self.members.len());
-        let mut unassigned = Vec::new();
-        for key in &self.members {
-            if taken.len() as u64 >= u64::from(count) {
-                unassigned.push(key.clone());
-                continue;
-            }
-            let mut slot = home_slot(key, count);
-            while !taken.insert(slot) {
-                slot = (slot + 1) % count;
-            }
-            assigned.insert(key.clone(), Ipv4Addr::from(first + slot));
+        if self.members.len() <= count as usize {
+            return Vec::new();
         }
-        let mut changed: Vec<ServiceKey> = assigned
+        let mut out: Vec<ServiceKey> = self
+            .members
             .iter()
-            .filter(|(k, ip)| self.assigned.get(*k) != Some(*ip))
+            .filter(|(_, m)| m.slot.is_none())
             .map(|(k, _)| k.clone())
             .collect();
-        changed.extend(
-            self.assigned
-                .keys()
-                .filter(|k| !assigned.contains_key(*k))
-                .cloned(),
-        );
-        self.assigned = assigned;
-        self.unassigned = unassigned;
-        changed
+        out.sort_unstable();
+        out
     }
 }
 
@@ -215,6 +337,7 @@ fn home_slot(key: &ServiceKey, count: u32) -> u32 {
 mod tests {
     use super::*;
     use crate::model::Port;
+    use std::collections::BTreeMap;
 
     fn tcp(name: &str) -> Service {
         let mut s = Service::new(ServiceKey::new(name), name.to_string());
@@ -259,44 +382,168 @@ mod tests {
         assert!(!needs_vip(&passthrough));
     }
 
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    fn key(i: u64) -> ServiceKey {
+        ServiceKey::new(format!("s{i}"))
+    }
+
+    /// Service `i` was created `i`-th (as the registry dates it).
+    fn created(i: u64) -> Option<Option<CreationOrder>> {
+        Some(Some(CreationOrder::new(1000 + i)))
+    }
+
+    /// A replica started now: every member added at once, in an order of its own.
+    fn fresh(cidr: VipCidr, members: &[(ServiceKey, Option<CreationOrder>)], seed: u64) -> Vips {
+        let mut v = Vips::new(cidr);
+        let mut order: Vec<usize> = (0..members.len()).collect();
+        let mut rng = Rng(seed | 1);
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        for i in order {
+            v.set(&members[i].0, Some(members[i].1), &mut BTreeSet::new());
+        }
+        v
+    }
+
+    fn assert_same(a: &Vips, b: &Vips, members: &[(ServiceKey, Option<CreationOrder>)], at: &str) {
+        for (k, _) in members {
+            assert_eq!(a.get(k), b.get(k), "{k:?} {at}: replicas disagree");
+        }
+        assert_eq!(a.unassigned(), b.unassigned(), "{at}");
+    }
+
+    /// #22 item 6: hundreds of services joining one by one in a range so small that most of
+    /// them collide; no address once given ever changes, only the newcomer gets one, and a
+    /// replica started at any moment of that history (seeing the set at once, in another order)
+    /// serves the same addresses. Before this allocator, the smaller key kept a contested slot
+    /// and newcomers pushed served services away.
     #[test]
-    fn allocation_is_a_function_of_the_set() {
-        let cidr = VipCidr::range(242, 3, 0, 0, 24);
-        let keys: Vec<ServiceKey> = (0..200).map(|i| ServiceKey::new(format!("s{i}"))).collect();
-        let mut a = Vips::new(cidr);
-        for k in &keys {
-            a.set_member(k, true);
-            a.reallocate();
+    fn newcomers_never_move_a_served_address_and_replicas_agree() {
+        let cidr = VipCidr::range(242, 3, 0, 0, 23); // 510 usable addresses
+        let mut v = Vips::new(cidr);
+        let mut members = Vec::new();
+        let mut given: HashMap<ServiceKey, Ipv4Addr> = HashMap::new();
+        let mut probed = 0;
+        // Keys in an order unrelated to creation: a newcomer often sorts before those served.
+        for n in 0..450u64 {
+            let i = (n * 7919) % 1000;
+            let k = key(i);
+            let mut changed = BTreeSet::new();
+            assert!(v.set(&k, created(n), &mut changed));
+            assert_eq!(
+                changed,
+                BTreeSet::from([k.clone()]),
+                "join {n} moved others"
+            );
+            let ip = v.get(&k).expect("room left");
+            probed += usize::from(
+                u32::from(ip) - u32::from(Ipv4Addr::new(242, 3, 0, 1)) != home_slot(&k, 510),
+            );
+            members.push((k.clone(), created(n).flatten()));
+            given.insert(k, ip);
+            for (m, ip) in &given {
+                assert_eq!(v.get(m), Some(*ip), "{m:?} moved at join {n}");
+            }
+            if n % 50 == 49 {
+                assert_same(
+                    &v,
+                    &fresh(cidr, &members, n),
+                    &members,
+                    &format!("after {n}"),
+                );
+            }
         }
-        let mut b = Vips::new(cidr);
-        for k in keys.iter().rev() {
-            b.set_member(k, true);
-        }
-        b.reallocate();
-        let mut seen = HashSet::new();
-        for k in &keys {
-            let ip = a.get(k).expect("assigned");
-            assert_eq!(Some(ip), b.get(k), "{k:?}: same on every replica");
-            assert!(seen.insert(ip), "{ip} given twice");
+        assert!(
+            probed > 100,
+            "only {probed} collisions: the test shows nothing"
+        );
+        let mut seen = BTreeSet::new();
+        for ip in given.values() {
+            assert!(seen.insert(*ip), "{ip} given twice");
             let o = ip.octets();
-            assert_eq!(&o[..3], &[242, 3, 0]);
-            assert!(o[3] != 0 && o[3] != 255);
+            assert_eq!(&o[..2], &[242, 3]);
+            assert!(o[2] < 2 && !(o[2] == 0 && o[3] == 0) && !(o[2] == 1 && o[3] == 255));
+        }
+    }
+
+    /// Joins, leaves and re-dated services at random in a tiny range (full at times): after
+    /// every step the incremental allocation equals a replica's that saw only the current set,
+    /// `changed` names every key whose address differs, and a join of the youngest moves no one.
+    #[test]
+    fn incremental_allocation_matches_a_fresh_replica() {
+        let cidr = VipCidr::range(242, 3, 0, 0, 27); // 30 usable addresses
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut v = Vips::new(cidr);
+        let mut current: BTreeMap<ServiceKey, Option<CreationOrder>> = BTreeMap::new();
+        let mut next_order = 0u64;
+        for step in 0..3000u64 {
+            let k = key(rng.below(40));
+            let want = match rng.below(10) {
+                0..=3 => None,
+                4 => Some(None),
+                5 => Some(Some(CreationOrder::new(rng.below(50)))),
+                _ => {
+                    next_order += 1;
+                    Some(Some(CreationOrder::new(100 + next_order)))
+                }
+            };
+            let youngest = matches!(want, Some(Some(o)) if o.primary > 100)
+                && !current.contains_key(&k)
+                && current.values().all(Option::is_some)
+                && current.len() < 29;
+            let before: BTreeMap<ServiceKey, Option<Ipv4Addr>> =
+                current.keys().map(|k| (k.clone(), v.get(k))).collect();
+            let mut changed = BTreeSet::new();
+            v.set(&k, want, &mut changed);
+            match want {
+                Some(order) => current.insert(k.clone(), order),
+                None => current.remove(&k),
+            };
+            let members: Vec<_> = current.iter().map(|(k, o)| (k.clone(), *o)).collect();
+            assert_same(
+                &v,
+                &fresh(cidr, &members, step),
+                &members,
+                &format!("step {step}"),
+            );
+            for (m, ip) in &before {
+                if *m != k && v.get(m) != *ip {
+                    assert!(changed.contains(m), "step {step}: {m:?} moved unreported");
+                    assert!(!youngest, "step {step}: the youngest joining moved {m:?}");
+                }
+            }
+            let assigned = current.keys().filter(|k| v.get(k).is_some()).count();
+            assert_eq!(assigned, current.len().min(30), "step {step}");
         }
     }
 
     #[test]
-    fn only_collision_chains_move_and_a_full_range_is_reported() {
+    fn a_full_range_leaves_the_youngest_out_and_lets_it_in_when_one_leaves() {
         let cidr = VipCidr::range(242, 3, 0, 0, 30); // two usable addresses
         let mut v = Vips::new(cidr);
-        for n in ["a", "b", "c"] {
-            v.set_member(&ServiceKey::new(n), true);
+        let mut changed = BTreeSet::new();
+        // "a" is the youngest though it sorts first.
+        for (n, i) in [("b", 1), ("c", 2), ("a", 3)] {
+            v.set(&ServiceKey::new(n), created(i), &mut changed);
         }
-        v.reallocate();
-        assert_eq!(v.unassigned(), &[ServiceKey::new("c")]);
-        v.set_member(&ServiceKey::new("a"), false);
-        let changed = v.reallocate();
+        assert_eq!(v.unassigned(), vec![ServiceKey::new("a")]);
+        let b = v.get(&ServiceKey::new("b"));
+        changed.clear();
+        v.set(&ServiceKey::new("c"), None, &mut changed);
+        assert!(changed.contains(&ServiceKey::new("c")));
         assert!(changed.contains(&ServiceKey::new("a")));
-        assert!(v.get(&ServiceKey::new("c")).is_some());
+        assert_eq!(v.get(&ServiceKey::new("b")), b, "b stays");
+        assert!(v.get(&ServiceKey::new("a")).is_some());
         assert!(v.unassigned().is_empty());
     }
 }

@@ -200,6 +200,53 @@ fn dubbo_hosts_are_the_interface_and_survive_version_bumps() {
     });
 }
 
+/// #22 item 7: of two Dubbo interfaces mapping to one name, the one whose znode ZooKeeper created
+/// first keeps it on every replica and after a restart, whatever each served before. Here the
+/// first one is not spelled like the host: before, a replica that served it kept it there, while
+/// a replica or restart seeing both at once gave the name to the exact spelling.
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn colliding_interfaces_get_the_same_names_on_replicas_and_restarts() {
+    const SHOUTY: &str = "com.example.PAYMENTS";
+    const EXACT: &str = "com.example.payments";
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    w.create_e(&provider(SHOUTY, "10.7.0.1", 20880, ""), "");
+    let (mut a, xds_a) = adapter(&zk, &[]);
+    until("the first interface", &xds_a, |i| {
+        find(i, EXACT).is_some_and(|s| endpoint_addresses(s) == ["10.7.0.1"])
+    });
+    w.create_e(&provider(EXACT, "10.7.0.2", 20880, ""), "");
+    let both = |what: &str, xds: &str| {
+        until(what, xds, |i| {
+            i.len() == 2 && find(i, EXACT).is_some_and(|s| endpoint_addresses(s) == ["10.7.0.1"])
+        })
+    };
+    let seen_a = both("the older interface keeps the name", &xds_a);
+    let hashed = seen_a
+        .iter()
+        .find(|i| i["metadata"]["name"] != EXACT)
+        .expect("renamed");
+    assert_eq!(
+        endpoint_addresses(hashed),
+        ["10.7.0.2"],
+        "the newcomer is renamed"
+    );
+    // A replica started now, and the first one restarted: the same names, the same entries.
+    let (b, xds_b) = adapter(&zk, &[]);
+    assert_eq!(both("a replica started later", &xds_b), seen_a);
+    a.restart();
+    a.wait_ready();
+    let xds_a = a.xds_url();
+    assert_eq!(both("after a restart", &xds_a), seen_a);
+    for r in [&a, &b] {
+        r.wait_problems(Duration::from_secs(20), "the rename reported", |p| {
+            p.contains(SHOUTY) && p.contains(EXACT)
+        });
+        r.assert_steady(Duration::from_secs(3));
+    }
+    assert_eq!(mcpctl_get(&xds_a), mcpctl_get(&xds_b));
+}
+
 /// Dubbo 3 registers a provider at interface and application level by default: served once.
 #[test]
 #[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]

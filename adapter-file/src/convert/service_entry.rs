@@ -73,6 +73,9 @@ pub(super) fn service_entry(doc: DocRef<'_>, value: Value) -> Result<Service, Co
     service.labels = se.metadata.labels;
     service.annotations = se.metadata.annotations;
     service.create_time = create_time;
+    // Who keeps a contested virtual IP: the document's creationTimestamp when it has one, else
+    // key order. Not its file or position: moving a document would move its address.
+    service.creation_order = create_time.map(mcp_core::CreationOrder::of_time);
     Ok(service)
 }
 
@@ -153,6 +156,7 @@ status: {}
         s.labels = labels(&[("team", "pay")]);
         s.annotations = labels(&[("note", "hi")]);
         s.create_time = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_704_164_645));
+        s.creation_order = Some(mcp_core::CreationOrder::new(1_704_164_645_000));
         s
     }
 

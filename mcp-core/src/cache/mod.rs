@@ -24,7 +24,9 @@ use prost::Message;
 use proto::istio::mcp::v1alpha1::{Metadata, Resource};
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::model::Labels;
 use crate::translate::Translated;
+use proto::istio::networking::v1alpha3::ServiceEntry;
 
 pub use entries::Change;
 pub use snapshot::{diff, Known, Snapshot, SnapshotNames};
@@ -76,13 +78,85 @@ fn timestamp(t: SystemTime) -> prost_types::Timestamp {
 /// Encodes a translated resource and computes its version: a hash over everything a sink sees
 /// except the version itself (body, name, labels, annotations, creation time).
 pub fn encode(t: &Translated) -> Entry {
-    let body = encode::encode_body(t);
-    let create_time = timestamp(t.create_time);
+    let summary = Summary {
+        hosts: t.spec.hosts.clone(),
+        ports: t.spec.ports.len(),
+        endpoints: t.spec.endpoints.len() + t.endpoints.len(),
+        create_time: 0,
+    };
+    finish(
+        t.name.clone(),
+        encode::encode_body(t),
+        t.labels.clone(),
+        t.annotations.clone(),
+        timestamp(t.create_time),
+        summary,
+    )
+}
+
+/// Why an entry could not be read back (never expected: this module wrote it).
+#[derive(Debug, thiserror::Error)]
+pub enum ReencodeError {
+    /// The resource or its ServiceEntry body did not decode.
+    #[error("entry {name}: {source}")]
+    Decode {
+        /// The entry's name.
+        name: String,
+        /// What prost reported.
+        source: prost::DecodeError,
+    },
+}
+
+impl Entry {
+    /// The same resource with its ServiceEntry changed by `change`, versioned as [`encode`]
+    /// versions it: what translating the changed service would give (prost writes a decoded
+    /// ServiceEntry back to the same bytes `encode` writes; `tests::reencoded_equals_encoded`).
+    /// For the rare change that needs no registry content, a moved virtual IP, so that the index
+    /// does not keep every service a second time to translate it again.
+    pub fn with_spec(
+        &self,
+        change: impl FnOnce(&mut ServiceEntry),
+    ) -> Result<Entry, ReencodeError> {
+        let failed = |source| ReencodeError::Decode {
+            name: self.name.to_string(),
+            source,
+        };
+        let r = Resource::decode(self.resource.as_ref()).map_err(failed)?;
+        let md = r.metadata.unwrap_or_default();
+        let body = r.body.map(|b| b.value).unwrap_or_default();
+        let mut spec = ServiceEntry::decode(body.as_slice()).map_err(failed)?;
+        change(&mut spec);
+        let summary = Summary {
+            hosts: spec.hosts.clone(),
+            ports: spec.ports.len(),
+            endpoints: spec.endpoints.len(),
+            create_time: 0,
+        };
+        Ok(finish(
+            md.name,
+            spec.encode_to_vec(),
+            md.labels,
+            md.annotations,
+            md.create_time.unwrap_or_default(),
+            summary,
+        ))
+    }
+}
+
+/// The versioned, encoded resource.
+fn finish(
+    name: String,
+    body: Vec<u8>,
+    labels: Labels,
+    annotations: Labels,
+    create_time: prost_types::Timestamp,
+    mut summary: Summary,
+) -> Entry {
     let mut h = Xxh3::new();
-    h.update(t.name.as_bytes());
+    h.update(name.as_bytes());
     h.update(&[0]);
     h.update(&body);
-    for map in [&t.labels, &t.annotations] {
+    for map in [&labels, &annotations] {
         for (k, v) in map {
             h.update(k.as_bytes());
             h.update(&[0]);
@@ -94,13 +168,15 @@ pub fn encode(t: &Translated) -> Entry {
     h.update(&create_time.seconds.to_le_bytes());
     h.update(&create_time.nanos.to_le_bytes());
     let version = format!("{:016x}", h.digest());
+    summary.create_time = create_time.seconds;
+    let entry_name: Arc<str> = name.as_str().into();
     let resource = Resource {
         metadata: Some(Metadata {
-            name: t.name.clone(),
+            name,
             create_time: Some(create_time),
             version: version.clone(),
-            labels: t.labels.clone(),
-            annotations: t.annotations.clone(),
+            labels,
+            annotations,
         }),
         body: Some(prost_types::Any {
             type_url: proto::SERVICE_ENTRY_TYPE_URL.to_string(),
@@ -108,15 +184,10 @@ pub fn encode(t: &Translated) -> Entry {
         }),
     };
     Entry {
-        name: t.name.as_str().into(),
+        name: entry_name,
         version: version.into(),
         resource: Bytes::from(resource.encode_to_vec()),
-        summary: Summary {
-            hosts: t.spec.hosts.clone(),
-            ports: t.spec.ports.len(),
-            endpoints: t.spec.endpoints.len() + t.endpoints.len(),
-            create_time: create_time.seconds,
-        },
+        summary,
     }
 }
 
@@ -124,7 +195,6 @@ pub fn encode(t: &Translated) -> Entry {
 mod tests {
     use super::*;
     use crate::translate::FIXED_CREATE_TIME;
-    use proto::istio::networking::v1alpha3::ServiceEntry;
 
     fn mk_translated() -> Translated {
         Translated {
@@ -179,6 +249,32 @@ mod tests {
                 .hosts,
             vec!["a.example"]
         );
+    }
+
+    /// A re-encoded entry is byte for byte the entry of the changed translation, endpoints,
+    /// labels and all.
+    #[test]
+    fn reencoded_equals_encoded() {
+        let mut t = mk_translated();
+        t.spec.addresses = vec!["242.0.0.1".into()];
+        t.endpoints = vec![crate::model::Endpoint {
+            address: "10.0.0.1".into(),
+            ports: [("tcp".to_string(), 9000)].into(),
+            labels: crate::model::Labels::from([("app".to_string(), "a".to_string())]).into(),
+            network: Some("n1".into()),
+            locality: Some("r/z".into()),
+            weight: Some(3),
+            service_account: Some("sa".into()),
+        }];
+        t.annotations.insert("a".into(), "b".into());
+        let before = encode(&t);
+        t.spec.addresses = vec!["242.0.0.2".into()];
+        let want = encode(&t);
+        let got = before
+            .with_spec(|s| s.addresses = vec!["242.0.0.2".into()])
+            .expect("re-encodes");
+        assert_eq!(got, want);
+        assert_ne!(got.version, before.version);
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
         labels: model_labels,
         annotations,
         create_time,
+        // Decides who keeps a contested virtual IP (`vip`), not part of the resource.
+        creation_order: _,
     } = service;
 
     let namespace = key.namespace.unwrap_or_else(|| cfg.namespace.clone());
