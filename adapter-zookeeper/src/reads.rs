@@ -422,7 +422,10 @@ impl<'a> Reader<'a> {
         // When ZooKeeper created the directory (`czxid`): read once, and again on a full read
         // (it may have been deleted and created again unseen). Unreadable: undated for now.
         let czxid = if full || old.is_none_or(|o| !o.dated()) {
-            match self.op(Req::Exists, &path, self.zk.exists(&path, false)).await {
+            match self
+                .op(Req::Exists, &path, self.zk.exists(&path, false))
+                .await
+            {
                 Ok(Some(Some(stat))) => Some(stat.czxid),
                 Ok(_) | Err(OpError::Skip(_)) => None,
                 Err(OpError::Fatal(e)) => return Err(e),
