@@ -15,7 +15,9 @@ use crate::cli::CommonArgs;
 use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
-use crate::server::{self, StreamContext, TlsFiles};
+use crate::server::tls::san::SanAllowList;
+use crate::server::tls::{Tls, TlsSettings};
+use crate::server::{self, StreamContext};
 use crate::status::SharedStatus;
 use crate::translate::TranslateConfig;
 
@@ -60,6 +62,9 @@ pub enum RunError {
     /// The gRPC server failed.
     #[error(transparent)]
     Server(#[from] server::ServerError),
+    /// The TLS files are not usable.
+    #[error("TLS setup: {0}")]
+    Tls(#[from] server::tls::TlsError),
     /// The admin server failed.
     #[error("admin server: {0}")]
     Admin(std::io::Error),
@@ -326,11 +331,17 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         }));
     }
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            client_ca: args.tls_client_ca.clone(),
-        }),
+        (Some(cert), Some(key)) => Some(Tls::start(
+            TlsSettings {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.tls_client_ca.clone(),
+                client_sans: SanAllowList::new(args.tls_client_san.clone()),
+                reload_every: args.tls_reload_interval,
+            },
+            metrics.clone(),
+            shutdown.clone(),
+        )?),
         _ => None,
     };
     let tls_on = tls.is_some();
