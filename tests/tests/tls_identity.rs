@@ -272,20 +272,20 @@ impl SecretMount {
             root,
             generation: 0,
         };
-        m.update(dir, cert, key);
+        m.update(dir, cert, key, "ca.crt");
         for f in ["tls.crt", "tls.key", "ca.crt"] {
             std::os::unix::fs::symlink(format!("..data/{f}"), m.root.join(f)).expect("link");
         }
         m
     }
 
-    /// Swaps in `dir`'s `cert` and `key` (and `ca.crt`) as the kubelet does.
-    fn update(&mut self, dir: &Path, cert: &str, key: &str) {
+    /// Swaps in `dir`'s `cert`, `key` and `ca` as the kubelet does.
+    fn update(&mut self, dir: &Path, cert: &str, key: &str, ca: &str) {
         self.generation += 1;
         let data = format!("..2026_11_24_{}", self.generation);
         let target = self.root.join(&data);
         std::fs::create_dir(&target).expect("mkdir data");
-        for (from, to) in [(cert, "tls.crt"), (key, "tls.key"), ("ca.crt", "ca.crt")] {
+        for (from, to) in [(cert, "tls.crt"), (key, "tls.key"), (ca, "ca.crt")] {
             std::fs::copy(dir.join(from), target.join(to)).expect("copy into the mount");
         }
         let tmp = self.root.join("..data_tmp");
@@ -390,7 +390,7 @@ fn a_renewed_certificate_is_served_to_new_connections_without_dropping_open_stre
     assert_eq!(connected(&adapter), 1);
 
     // Renewed: new connections get the new certificate, the open stream goes on.
-    mount.update(d, "renewed.crt", "renewed.key");
+    mount.update(d, "renewed.crt", "renewed.key", "ca.crt");
     let reloads = |a: &Adapter, result: &str| {
         a.metric_with(
             "mcp_adapter_tls_reloads_total",
@@ -422,7 +422,7 @@ fn a_renewed_certificate_is_served_to_new_connections_without_dropping_open_stre
         ("garbage.crt", "renewed.key", "tls.crt"),
     ] {
         let errors = reloads(&adapter, "error");
-        mount.update(d, cert, key);
+        mount.update(d, cert, key, "ca.crt");
         wait_for(WAIT, "the broken pair reported", || {
             (reloads(&adapter, "error") > errors).then_some(())
         });
@@ -440,7 +440,7 @@ fn a_renewed_certificate_is_served_to_new_connections_without_dropping_open_stre
         assert!(ok, "a new sink on the last good certificate: {err}");
     }
     // Fixed: taken, the gauge clears.
-    mount.update(d, "fixed.crt", "fixed.key");
+    mount.update(d, "fixed.crt", "fixed.key", "ca.crt");
     wait_for(WAIT, "the fixed pair taken", || {
         (adapter.metric("mcp_adapter_tls_reload_failing") == 0.0).then_some(())
     });
@@ -448,6 +448,34 @@ fn a_renewed_certificate_is_served_to_new_connections_without_dropping_open_stre
     std::fs::write(d.join("se.yaml"), services_yaml(&["a", "b", "c"])).expect("write");
     watch.wait_line("\"c\"");
     assert_eq!(reloads(&adapter, "error"), 2.0);
+
+    // The client CAs rotate: a bundle of the old CA and a new one. A client of the new CA is
+    // refused until the bundle is taken, then served.
+    let d2 = d.join("ca2");
+    std::fs::create_dir(&d2).expect("mkdir ca2");
+    make_pki(&d2);
+    for f in ["client.crt", "client.key"] {
+        std::fs::copy(d2.join(f), d.join(format!("new-ca-{f}"))).expect("copy");
+    }
+    let bundle = [d.join("ca.crt"), d2.join("ca.crt")]
+        .iter()
+        .map(|p| std::fs::read_to_string(p).expect("read CA"))
+        .collect::<String>();
+    std::fs::write(d.join("bundle.crt"), bundle).expect("write the bundle");
+    let (ok, _) = get_as(&adapter.xds_url(), d, "new-ca-client");
+    assert!(!ok, "a client of a CA not yet trusted was served");
+    let taken = reloads(&adapter, "ok");
+    mount.update(d, "fixed.crt", "fixed.key", "bundle.crt");
+    wait_for(WAIT, "the client CA bundle taken", || {
+        (reloads(&adapter, "ok") > taken).then_some(())
+    });
+    let (ok, err) = get_as(&adapter.xds_url(), d, "new-ca-client");
+    assert!(
+        ok,
+        "a client of the new CA after the bundle was taken: {err}"
+    );
+    let (ok, err) = get_as(&adapter.xds_url(), d, "client");
+    assert!(ok, "a client of the old CA in the bundle: {err}");
 
     // Steady: nothing more is reloaded while the files stay as they are; the stream opened
     // first is still open (mcpctl --watch does not reconnect: it exits when its stream ends).

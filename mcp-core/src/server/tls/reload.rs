@@ -107,21 +107,29 @@ pub async fn run(tls: Arc<Tls>, first: Files, shutdown: CancellationToken) {
         let Ok(files) = tokio::task::spawn_blocking(move || Files::read(&settings)).await else {
             continue;
         };
+        let mut results = Vec::new();
         if files.pair_digest() != seen.pair {
             seen.pair = files.pair_digest();
             seen.pair_failing = !reload_pair(&tls, &files);
+            results.push(seen.pair_failing);
         }
         if files.ca_digest() != seen.ca {
             seen.ca = files.ca_digest();
             seen.ca_failing = !reload_client_ca(&tls, &files);
+            results.push(seen.ca_failing);
         }
+        // The gauge before the counters: whoever sees a count sees the state it left.
         tls.metrics
             .tls_reload_failing
             .set(i64::from(seen.pair_failing || seen.ca_failing));
+        for failed in results {
+            let result = if failed { "error" } else { "ok" };
+            tls.metrics.tls_reloads.with_label_values(&[result]).inc();
+        }
     }
 }
 
-/// Serves the new pair if it is usable; false (logged, counted) if not.
+/// Serves the new pair if it is usable; false (logged) if not.
 fn reload_pair(tls: &Tls, files: &Files) -> bool {
     let pair = files.cert().and_then(|c| {
         let k = files.key()?;
@@ -135,11 +143,10 @@ fn reload_pair(tls: &Tls, files: &Files) -> bool {
         Ok(pair) => {
             tls.live.set_cert(pair.key);
             tls.metrics.tls_not_after.set(pair.not_after);
-            tls.metrics.tls_reloads.with_label_values(&["ok"]).inc();
             tracing::info!(cert = %tls.settings.cert.display(), serial = %pair.serial, not_after = pair.not_after, "TLS certificate reloaded: new connections get it, open ones keep theirs.");
             true
         }
-        Err(e) => failed(tls, &e, "certificate"),
+        Err(e) => failed(&e, "certificate"),
     }
 }
 
@@ -147,23 +154,21 @@ fn reload_pair(tls: &Tls, files: &Files) -> bool {
 fn reload_client_ca(tls: &Tls, files: &Files) -> bool {
     let (Some(path), Ok(Some(pem))) = (&tls.settings.client_ca, files.client_ca()) else {
         return match files.client_ca() {
-            Err(e) => failed(tls, &e, "client CA bundle"),
+            Err(e) => failed(&e, "client CA bundle"),
             Ok(_) => true,
         };
     };
     match cert::client_verifier(path, pem, &tls.provider) {
         Ok(verifier) => {
             tls.live.set_client_ca(verifier);
-            tls.metrics.tls_reloads.with_label_values(&["ok"]).inc();
             tracing::info!(client_ca = %path.display(), "TLS client CAs reloaded.");
             true
         }
-        Err(e) => failed(tls, &e, "client CA bundle"),
+        Err(e) => failed(&e, "client CA bundle"),
     }
 }
 
-fn failed(tls: &Tls, e: &CertError, what: &str) -> bool {
-    tls.metrics.tls_reloads.with_label_values(&["error"]).inc();
+fn failed(e: &CertError, what: &str) -> bool {
     tracing::error!(file = %e.path.display(), error = %e.problem, "The changed TLS {what} is not usable; still serving the previous one.");
     false
 }
