@@ -112,12 +112,8 @@ async fn watch_loop(tx: EventSender, config: FileConfig) -> Result<(), RegistryE
                     removes = removes.len(),
                     "Sending changes."
                 );
-                for service in upserts {
-                    tx.send(RegistryEvent::Upsert(service)).await?;
-                }
-                for key in removes {
-                    tx.send(RegistryEvent::Remove(key)).await?;
-                }
+                // One event: a file's edit is served whole or not yet, never half.
+                tx.send(RegistryEvent::Changes { upserts, removes }).await?;
             }
         }
         // A blocked scan reported a problem of its own, which this replaces.
@@ -200,6 +196,13 @@ mod tests {
             }
             RegistryEvent::Upsert(s) => format!("Upsert {}", brief(s)),
             RegistryEvent::Remove(key) => format!("Remove {key}"),
+            // One event; its parts in order.
+            RegistryEvent::Changes { upserts, removes } => upserts
+                .iter()
+                .map(|s| format!("Upsert {}", brief(s)))
+                .chain(removes.iter().map(|k| format!("Remove {k}")))
+                .collect::<Vec<_>>()
+                .join("; "),
             RegistryEvent::Problems { scope, problems } => {
                 let file = Path::new(scope)
                     .file_name()
@@ -282,19 +285,19 @@ mod tests {
             "kind: Inventory\nservices:\n  - name: pay\n    ports: {http: 80}\n  - name: cart\n    \
              ports: {http: 81}\n  - name: shop\n    ports: {http: 80}\n",
         );
-        expect(&mut events, &["Upsert cart cart:81", "Upsert shop shop:80"]).await;
+        expect(&mut events, &["Upsert cart cart:81; Upsert shop shop:80"]).await;
 
         // A service taken out of a file is removed (after the settle time); a deleted file's
         // services at once.
         write(&b, &inventory(&["pay", "cart"]));
-        expect(&mut events, &["Upsert cart cart:80", "Remove shop"]).await;
+        expect(&mut events, &["Upsert cart cart:80; Remove shop"]).await;
         fs::remove_file(&b).expect("rm");
         let gone = expect(
             &mut events,
-            &["Remove pay", "Remove cart", "Problems b.yml 1"],
+            &["Remove pay; Remove cart", "Problems b.yml 1"],
         )
         .await;
-        assert!(problems_of(&gone[2])[0].contains("does not exist"));
+        assert!(problems_of(&gone[1])[0].contains("does not exist"));
 
         // The same content written again (new mtime): nothing is sent.
         write(&a, &se("web", "web.example.com", 8080));
@@ -451,28 +454,25 @@ mod tests {
         let got = expect(
             &mut events,
             &[
-                "Upsert more m.example.com:80",
-                "Upsert web b.example.com:81",
+                "Upsert more m.example.com:80; Upsert web b.example.com:81",
                 "Problems a.yaml 1",
             ],
         )
         .await;
-        assert!(problems_of(&got[2])[0].contains("b.yaml, document 3"));
+        assert!(problems_of(&got[1])[0].contains("b.yaml, document 3"));
 
         // Removing the winner lets the other definition through and clears the problem.
         fs::remove_file(&b).expect("rm");
         let got = expect(
             &mut events,
             &[
-                "Upsert web a2.example.com:80",
-                "Remove other",
-                "Remove more",
+                "Upsert web a2.example.com:80; Remove other; Remove more",
                 "Problems a.yaml 0",
                 "Problems b.yaml 1",
             ],
         )
         .await;
-        assert!(problems_of(&got[4])[0].contains("does not exist"));
+        assert!(problems_of(&got[2])[0].contains("does not exist"));
 
         // It comes back: it wins again, and the other definition is shadowed again.
         write(&b, &se("web", "b.example.com", 82));

@@ -12,7 +12,9 @@ use crate::shard::{Shard, ShardIndex};
 use crate::vip::VipCidr;
 
 mod output;
+mod server;
 pub use output::{Output, OutputArgs};
+pub use server::ServerArgs;
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -177,6 +179,10 @@ pub struct CommonArgs {
     /// `--output` and the Kubernetes output's flags.
     #[command(flatten)]
     pub output: OutputArgs,
+
+    /// The gRPC server's limits (`--max-streams`, `--max-connection-age`, ...).
+    #[command(flatten)]
+    pub server: ServerArgs,
 }
 
 impl CommonArgs {

@@ -143,6 +143,14 @@ impl Index {
             RegistryEvent::Remove(k) => {
                 self.pending.insert(k, None);
             }
+            RegistryEvent::Changes { upserts, removes } => {
+                for s in upserts {
+                    self.pending.insert(s.key.clone(), Some(s));
+                }
+                for k in removes {
+                    self.pending.insert(k, None);
+                }
+            }
             RegistryEvent::Problems { scope, problems } => {
                 if problems.is_empty() {
                     self.problems.remove(&scope);

@@ -18,6 +18,11 @@ pub struct Metrics {
     pub nacks: IntCounterVec,
     /// Open sink streams, by protocol.
     pub sinks: IntGaugeVec,
+    /// Streams refused or ended by a server limit, by limit.
+    pub refused_streams: IntCounterVec,
+    /// Streams whose oldest unacknowledged response is older than `--unacked-threshold`, by
+    /// protocol.
+    pub unacked: IntGaugeVec,
     /// Resources served.
     pub resources: IntGauge,
     /// Services that failed validation.
@@ -120,6 +125,16 @@ impl Metrics {
             sinks: gauge_vec(
                 "mcp_adapter_connected_sinks",
                 "Open sink streams.",
+                &["protocol"],
+            )?,
+            refused_streams: counter(
+                "mcp_adapter_refused_streams_total",
+                "Sink streams refused or ended because they went over a server limit (--max-streams, --max-types-per-stream, ...).",
+                &["limit"],
+            )?,
+            unacked: gauge_vec(
+                "mcp_adapter_unacked_responses",
+                "Sink streams whose oldest unacknowledged response is older than --unacked-threshold.",
                 &["protocol"],
             )?,
             resources: gauge("mcp_adapter_resources", "ServiceEntries served.")?,
@@ -258,6 +273,8 @@ mod tests {
         m.acks.with_label_values(&["xds", "serviceentry"]).inc();
         m.nacks.with_label_values(&["xds", "serviceentry"]).inc();
         m.sinks.with_label_values(&["xds"]).inc();
+        m.refused_streams.with_label_values(&["streams"]).inc();
+        m.unacked.with_label_values(&["xds"]).inc();
         m.translation_warnings.with_label_values(&["label"]).inc();
         m.registry_errors.with_label_values(&["unavailable"]).inc();
         m.registry_retries.with_label_values(&["unavailable"]).inc();
@@ -277,6 +294,8 @@ mod tests {
             "mcp_adapter_acks_total",
             "mcp_adapter_nacks_total",
             "mcp_adapter_connected_sinks",
+            "mcp_adapter_refused_streams_total",
+            "mcp_adapter_unacked_responses",
             "mcp_adapter_resources",
             "mcp_adapter_quarantined_resources",
             "mcp_adapter_translation_warnings_total",

@@ -30,6 +30,16 @@ pub enum RegistryEvent {
     Upsert(Service),
     /// A service disappeared.
     Remove(ServiceKey),
+    /// Changes that belong together (one file's edit, one re-read): applied as one, so no push
+    /// carries some of them without the others, however slowly they arrive and whatever the
+    /// coalescing window. (Sent as separate events, a busy adapter could publish a set that
+    /// never existed in the registry, and one edit would cost sinks two pushes.)
+    Changes {
+        /// Services that appeared or changed.
+        upserts: Vec<Service>,
+        /// Services that disappeared.
+        removes: Vec<ServiceKey>,
+    },
     /// Registry objects in `scope` that were skipped as bad data; replaces what was reported for
     /// that scope before (an empty list clears it). Shown on /debug/resources and in metrics.
     Problems {

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -345,6 +346,8 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         _ => None,
     };
     let tls_on = tls.is_some();
+    // One set of limits for every shard's port: they bound the process's memory.
+    let limits = Arc::new(args.server.limits());
     for (i, ((listener, _), rx)) in grpc.into_iter().zip(&snap_rxs).enumerate() {
         let ctx = StreamContext {
             snapshots: rx.clone(),
@@ -352,6 +355,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
             shutdown: shutdown.clone(),
             max_message_size: args.max_message_size,
             shard: (shards > 1).then(|| i.to_string()),
+            limits: limits.clone(),
         };
         let (health, tls) = (health_service.clone(), tls.clone());
         tasks.spawn(stop_all_on_exit(shutdown.clone(), async move {

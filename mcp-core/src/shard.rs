@@ -104,6 +104,15 @@ impl Shard {
             }
             RegistryEvent::Upsert(s) => self.keeps(&s.key).then_some(RegistryEvent::Upsert(s)),
             RegistryEvent::Remove(k) => self.keeps(&k).then_some(RegistryEvent::Remove(k)),
+            RegistryEvent::Changes {
+                mut upserts,
+                mut removes,
+            } => {
+                upserts.retain(|s| self.keeps(&s.key));
+                removes.retain(|k| self.keeps(k));
+                (!upserts.is_empty() || !removes.is_empty())
+                    .then_some(RegistryEvent::Changes { upserts, removes })
+            }
             p @ RegistryEvent::Problems { .. } => Some(p),
             h @ (RegistryEvent::Retrying(_) | RegistryEvent::Recovered) => Some(h),
         }
@@ -170,6 +179,22 @@ mod tests {
         assert!(shard
             .filter(RegistryEvent::Remove(ServiceKey::new("pay")))
             .is_some());
+        let Some(RegistryEvent::Changes { upserts, removes }) =
+            shard.filter(RegistryEvent::Changes {
+                upserts: vec![svc("payments"), svc("orders")],
+                removes: vec![ServiceKey::new("orders"), ServiceKey::new("pay")],
+            })
+        else {
+            panic!("Changes with something kept stay Changes")
+        };
+        assert_eq!(upserts.len(), 1);
+        assert_eq!(removes, [ServiceKey::new("pay")]);
+        assert!(shard
+            .filter(RegistryEvent::Changes {
+                upserts: vec![svc("orders")],
+                removes: vec![]
+            })
+            .is_none());
         assert!(shard
             .filter(RegistryEvent::Problems {
                 scope: "x".into(),

@@ -811,6 +811,41 @@ async fn coalescing_window_merges_a_burst() {
     a.stop().await;
 }
 
+/// Changes sent as one `Changes` event (adapter-file sends one per edited file) are one push,
+/// with coalescing off too: no sink is ever sent part of them.
+#[tokio::test]
+async fn a_changes_event_is_one_push_without_coalescing() {
+    let mut args = test_args();
+    args.coalesce = Duration::ZERO;
+    let a = Adapter::start_with(args).await;
+    let keys = ["a", "b", "c", "d", "e"];
+    reset(&a.handle, keys.iter().map(|k| mk_service(k, 1)).collect());
+    a.wait_readyz(200).await;
+    let mut s = a.sink(Protocol::Sotw(SE_V1)).await;
+    s.subscribe();
+    let r1 = s.recv().await;
+    s.ack(&r1);
+    s.silent_for(Duration::from_millis(300), "ACKed").await;
+
+    a.handle.send(RegistryEvent::Changes {
+        upserts: keys[1..].iter().map(|k| mk_service(k, 2)).collect(),
+        removes: vec![ServiceKey::new("a")],
+    });
+    let r2 = s.recv().await;
+    assert_eq!(r2.names(), vec!["fake/b", "fake/c", "fake/d", "fake/e"]);
+    for k in &keys[1..] {
+        assert_eq!(r2.resources[&format!("fake/{k}")].spec.endpoints.len(), 2);
+    }
+    s.ack(&r2);
+    s.silent("the whole event was one push").await;
+    a.assert_metric(
+        r#"mcp_adapter_snapshots_total{reason="change",registry="fake"}"#,
+        Some(1.0),
+    )
+    .await;
+    a.stop().await;
+}
+
 /// A change published while the stream is busy with requests for other types reaches the sink.
 ///
 /// The stream's loop takes requests and snapshot changes from one `select!`; a request handler

@@ -4,12 +4,19 @@
 
 use std::time::Duration;
 
-use e2e::{item, test_each_istio_version, version_of, Adapter, Adsc, IstioVersion};
+use e2e::forwarder::Forwarder;
+use e2e::{item, test_each_istio_version, version_of, wait_for, Adapter, Adsc, IstioVersion};
 
 // Each test runs `scenario` with one build of Istio's client.
 test_each_istio_version! {
     "needs Istio's adsc client: tests/istio-adsc/build.sh target/adsc (the README's test command builds it)",
     istio_current_reads_edits_and_deletions, istio_1_22_reads_edits_and_deletions => scenario
+}
+
+test_each_istio_version! {
+    "needs Istio's adsc client: tests/istio-adsc/build.sh target/adsc (the README's test command builds it)",
+    istio_current_moves_to_another_replica_when_its_connection_ages,
+    istio_1_22_moves_to_another_replica_when_its_connection_ages => rebalance
 }
 
 const SHOP: &str = r#"
@@ -139,4 +146,75 @@ fn scenario(version: IstioVersion) {
     let items = adsc.wait_items("shop.yaml's entries deleted", |items| items.len() == 1);
     assert!(item(&items, "legacy/billing").is_some());
     adsc.assert_no_errors();
+}
+
+/// `--max-connection-age`: two adapter-file replicas behind one address that hands each new
+/// connection to the next replica (as a Kubernetes Service does). Istio's client lands on the
+/// first; when its connection is 2 s old it gets a GOAWAY, its stream ends 1 s later with
+/// UNAVAILABLE naming the flag, and it reconnects over a new connection, to the other replica,
+/// keeping its store whole; an edit then reaches it from there.
+fn rebalance(version: IstioVersion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shop = dir.path().join("shop.yaml");
+    std::fs::write(&shop, SHOP).expect("write");
+    let path = dir.path().to_string_lossy().to_string();
+    let args = [
+        "--path",
+        &path,
+        "--poll-interval",
+        "100ms",
+        "--max-connection-age",
+        "2s",
+        "--max-connection-age-grace",
+        "1s",
+    ];
+    let replicas = [
+        Adapter::start("adapter-file", &args),
+        Adapter::start("adapter-file", &args),
+    ];
+    for r in &replicas {
+        r.wait_ready();
+    }
+    let service = Forwarder::start(replicas.iter().map(|r| r.grpc).collect());
+    let mut adsc = Adsc::start(version, service.addr);
+    adsc.wait(Duration::from_secs(60), "adsc synced", |e| {
+        e["event"] == "synced"
+    });
+    let sinks = |r: &Adapter| r.metric("mcp_adapter_connected_sinks");
+    assert_eq!(service.picks(), vec![1, 0]);
+    assert_eq!((sinks(&replicas[0]), sinks(&replicas[1])), (1.0, 0.0));
+    let items = adsc.wait_items("two ServiceEntries", |items| items.len() == 2);
+    let stripe = version_of(&items, "shop/stripe");
+
+    // The connection ages: the client moves to the other replica.
+    wait_for(
+        Duration::from_secs(30),
+        "the client on the second replica",
+        || (sinks(&replicas[0]) == 0.0 && sinks(&replicas[1]) == 1.0).then_some(()),
+    );
+    assert_eq!(service.picks(), vec![1, 1], "one new connection");
+    let log = replicas[0].log();
+    assert!(
+        log.contains("older than --max-connection-age"),
+        "the first replica says why it ended the stream:\n{}",
+        replicas[0].log_tail()
+    );
+    std::fs::write(&shop, SHOP.replace("10.0.0.2", "10.0.0.3")).expect("edit");
+    let items = adsc.wait_items("edited payments, from the second replica", |items| {
+        item(items, "shop/payments")
+            .is_some_and(|p| p["spec"]["endpoints"][1]["address"] == "10.0.0.3")
+    });
+    assert_eq!(items.len(), 2, "nothing lost in the move: {items:?}");
+    assert_eq!(version_of(&items, "shop/stripe"), stripe);
+    // The only errors Istio's client saw are the ends of aged streams, with their reason.
+    for e in adsc.errors() {
+        let m = e["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains("Unavailable") && m.contains("--max-connection-age"),
+            "{e}"
+        );
+    }
+    for r in &replicas {
+        r.assert_no_registry_errors("after the move");
+    }
 }

@@ -68,6 +68,15 @@ fn server_tls_and_required_client_certificates() {
     let list: serde_json::Value = serde_json::from_slice(&ok.stdout).expect("mcpctl JSON");
     assert_eq!(list["items"][0]["metadata"]["name"], "a");
     assert_eq!(list["items"][0]["metadata"]["namespace"], "ns");
+    // What a stream knows of its connection (peer, age, whether over --max-connections)
+    // survives the TLS layer.
+    let log = adapter.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("Sink connected") && l.contains("127.0.0.1:")),
+        "the sink's peer is known under TLS:\n{}",
+        adapter.log_tail()
+    );
     let plain = mcpctl(&server, &[]);
     assert!(
         !plain.status.success(),

@@ -27,7 +27,7 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::translate::Translated;
 
 pub use entries::Change;
-pub use snapshot::{diff, Known, Snapshot};
+pub use snapshot::{diff, Known, Snapshot, SnapshotNames};
 
 /// One encoded resource version.
 #[derive(Debug, PartialEq)]

@@ -5,11 +5,15 @@
 //! chunks, updates its version from the changed entries alone, and records which names changed
 //! since its recent ancestors, so [`diff`] against an ancestor a delta stream acknowledged only
 //! looks at those names.
+//!
+//! A stream that has to remember a set it sent after a newer one was published keeps its
+//! [`SnapshotNames`] (names and versions, no resources), shared by every stream that needs the
+//! same one, so a slow sink never keeps an old set's resource bytes alive.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -48,6 +52,38 @@ pub struct Snapshot {
     /// The steps that led here from recent ancestors, oldest first; the last one's names changed
     /// from the direct parent. Names only: no old entry is kept alive.
     history: Arc<[Step]>,
+    /// The [`SnapshotNames`] of this snapshot while some stream holds them (built once, shared).
+    names: Mutex<Weak<SnapshotNames>>,
+}
+
+/// The names and versions of one snapshot, without its resources: what a delta stream keeps of a
+/// set it sent once a newer set exists (see [`Known::forget_resources`]). It keeps the
+/// snapshot's identity, so [`diff`] against it still only looks at the names changed since.
+#[derive(Debug)]
+pub struct SnapshotNames {
+    id: u64,
+    /// (name, version), sorted by name; the strings are the entries' own.
+    pairs: Vec<(Arc<str>, Arc<str>)>,
+}
+
+impl SnapshotNames {
+    /// The version of `name`.
+    fn version(&self, name: &str) -> Option<&str> {
+        self.pairs
+            .binary_search_by(|(n, _)| (**n).cmp(name))
+            .ok()
+            .map(|i| &*self.pairs[i].1)
+    }
+
+    /// Number of names.
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
 }
 
 /// Hash of one (name, version) pair.
@@ -76,6 +112,7 @@ impl Snapshot {
             sum,
             id: next_id(),
             history: Arc::from([]),
+            names: Mutex::new(Weak::new()),
         }
     }
 
@@ -122,7 +159,26 @@ impl Snapshot {
             sum,
             id: next_id(),
             history,
+            names: Mutex::new(Weak::new()),
         })
+    }
+
+    /// This snapshot's names and versions without its resources, built on first use and shared
+    /// while anyone holds them: twenty slow streams holding the same old set hold one copy.
+    pub fn names(&self) -> Arc<SnapshotNames> {
+        let mut cached = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(names) = cached.upgrade() {
+            return names;
+        }
+        let names = Arc::new(SnapshotNames {
+            id: self.id,
+            pairs: self
+                .iter()
+                .map(|e| (Arc::clone(&e.name), Arc::clone(&e.version)))
+                .collect(),
+        });
+        *cached = Arc::downgrade(&names);
+        names
     }
 
     /// `self`'s history plus `step`, dropping the oldest steps once there are more than
@@ -170,13 +226,13 @@ impl Snapshot {
         self.entries.is_empty()
     }
 
-    /// Names that may differ between `ancestor` and `self`, sorted; `None` if `ancestor` is not
-    /// within `self`'s history.
-    fn changed_since(&self, ancestor: &Snapshot) -> Option<BTreeSet<&str>> {
-        if ancestor.id == self.id {
+    /// Names that may differ between the snapshot `ancestor` (an id) and `self`, sorted; `None`
+    /// if `ancestor` is not within `self`'s history.
+    fn changed_since(&self, ancestor: u64) -> Option<BTreeSet<&str>> {
+        if ancestor == self.id {
             return Some(BTreeSet::new());
         }
-        let at = self.history.iter().position(|s| s.from == ancestor.id)?;
+        let at = self.history.iter().position(|s| s.from == ancestor)?;
         Some(
             self.history[at..]
                 .iter()
@@ -193,16 +249,47 @@ pub enum Known {
     Nothing,
     /// Exactly a snapshot we sent (filtered by the subscription when it names resources).
     Snapshot(Arc<Snapshot>),
+    /// The names and versions of a snapshot we sent, once a newer one exists.
+    Names(Arc<SnapshotNames>),
     /// Names and versions the sink told us (`initial_resource_versions`).
     Versions(BTreeMap<String, String>),
 }
 
 impl Known {
-    fn pairs(&self) -> Box<dyn Iterator<Item = (&str, &str)> + '_> {
+    /// Every (name, version) held, sorted by name.
+    pub fn pairs(&self) -> Box<dyn Iterator<Item = (&str, &str)> + '_> {
         match self {
             Known::Nothing => Box::new(std::iter::empty()),
             Known::Snapshot(s) => Box::new(s.iter().map(|e| (&*e.name, &*e.version))),
+            Known::Names(n) => Box::new(n.pairs.iter().map(|(k, v)| (&**k, &**v))),
             Known::Versions(m) => Box::new(m.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+        }
+    }
+
+    /// The version held for `name`.
+    pub fn version(&self, name: &str) -> Option<&str> {
+        match self {
+            Known::Nothing => None,
+            Known::Snapshot(s) => s.get(name).map(|e| &*e.version),
+            Known::Names(n) => n.version(name),
+            Known::Versions(m) => m.get(name).map(String::as_str),
+        }
+    }
+
+    /// The snapshot this is (or was taken from), for [`diff`]'s walk through history.
+    fn snapshot_id(&self) -> Option<u64> {
+        match self {
+            Known::Snapshot(s) => Some(s.id),
+            Known::Names(n) => Some(n.id),
+            Known::Nothing | Known::Versions(_) => None,
+        }
+    }
+
+    /// Keeps only the names and versions of a held snapshot, so that its resources can be freed
+    /// once nothing else uses them (a slow sink's stream, after a newer set was published).
+    pub fn forget_resources(&mut self) {
+        if let Known::Snapshot(s) = self {
+            *self = Known::Names(s.names());
         }
     }
 }
@@ -211,20 +298,18 @@ impl Known {
 /// order. When the sink holds an ancestor of `current` (the usual delta stream, one or a few
 /// changes behind), only the names changed since are looked at.
 pub fn diff(known: &Known, current: &Snapshot) -> (Vec<Arc<Entry>>, Vec<String>) {
-    if let Known::Snapshot(prev) = known {
-        if let Some(names) = current.changed_since(prev) {
-            let mut upserts = Vec::new();
-            let mut removed = Vec::new();
-            for name in names {
-                match (prev.get(name), current.get(name)) {
-                    (Some(_), None) => removed.push(name.to_string()),
-                    (None, Some(e)) => upserts.push(Arc::clone(e)),
-                    (Some(a), Some(b)) if a.version != b.version => upserts.push(Arc::clone(b)),
-                    _ => {}
-                }
+    if let Some(names) = known.snapshot_id().and_then(|id| current.changed_since(id)) {
+        let mut upserts = Vec::new();
+        let mut removed = Vec::new();
+        for name in names {
+            match (known.version(name), current.get(name)) {
+                (Some(_), None) => removed.push(name.to_string()),
+                (None, Some(e)) => upserts.push(Arc::clone(e)),
+                (Some(a), Some(b)) if a != &*b.version => upserts.push(Arc::clone(b)),
+                _ => {}
             }
-            return (upserts, removed);
         }
+        return (upserts, removed);
     }
     full_diff(known, current)
 }
@@ -387,10 +472,20 @@ mod tests {
                     break;
                 };
                 let known = Known::Snapshot(Arc::clone(old));
-                with_history += usize::from(snap.changed_since(old).is_some());
+                with_history += usize::from(snap.changed_since(old.id).is_some());
+                let full = pairs(&full_diff(&known, &snap));
                 assert_eq!(
                     pairs(&diff(&known, &snap)),
-                    pairs(&full_diff(&known, &snap)),
+                    full,
+                    "round {round}, {back} back"
+                );
+                // Holding only the old set's names and versions changes nothing.
+                let mut names = known.clone();
+                names.forget_resources();
+                assert!(matches!(names, Known::Names(_)));
+                assert_eq!(
+                    pairs(&diff(&names, &snap)),
+                    full,
                     "round {round}, {back} back"
                 );
             }
@@ -403,6 +498,29 @@ mod tests {
             );
         }
         assert!(with_history > 1000, "the fast path ran: {with_history}");
+    }
+
+    /// The names a stream keeps of an old set hold none of its resources and are built once
+    /// however many streams keep them.
+    #[test]
+    fn names_hold_no_resources_and_are_shared() {
+        let old = Arc::new(Snapshot::new(vec![mk_entry("a", "1"), mk_entry("b", "1")]));
+        let resource = old.get("a").map(Arc::clone).expect("a");
+        let mut one = Known::Snapshot(Arc::clone(&old));
+        let mut two = Known::Snapshot(Arc::clone(&old));
+        one.forget_resources();
+        two.forget_resources();
+        match (&one, &two) {
+            (Known::Names(x), Known::Names(y)) => {
+                assert!(Arc::ptr_eq(x, y), "one copy for both streams");
+                assert_eq!(x.len(), 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(one.version("b"), Some("1"));
+        assert_eq!(one.version("z"), None);
+        drop(old);
+        assert_eq!(Arc::strong_count(&resource), 1, "the entries were freed");
     }
 
     #[test]

@@ -14,10 +14,20 @@
 //!   for was answered);
 //! - full-state responses carry everything; incremental ones carry changes and removals relative
 //!   to what the sink acknowledged.
+//!
+//! What a stream holds is bounded ([`StreamLimits`], checked by [`Engine::check`] before a
+//! request is applied): at most so many types, type URLs of at most so many bytes, and per
+//! served type at most so many resource names (subscribed or declared held). A full-state type
+//! keeps no set at all between responses (only its version); an incremental one keeps what the
+//! sink holds and what it was sent, and once a newer set is published while it waits for an
+//! ACK, only their names and versions (see [`Known::forget_resources`]): a slow sink never keeps
+//! an old set's resources alive.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 
+use super::limits::{Refused, StreamLimits};
 use crate::cache::{diff, Entry, Known, Snapshot};
 
 /// When responses are incremental.
@@ -120,16 +130,18 @@ impl Subscription {
 /// the next diff sends the entry if it exists and reports the name removed if it does not.
 const RESEND: &str = "";
 
+/// A served type, on one stream.
 #[derive(Debug)]
 struct TypeState {
-    served: bool,
     incremental: bool,
     /// What the sink asked for.
     sub: Subscription,
     in_flight: Option<String>,
-    /// What the sink holds once the response in flight is ACKed.
+    /// When the response in flight was sent.
+    sent_at: Option<Instant>,
+    /// What the sink holds once the response in flight is ACKed (incremental types only).
     next_known: Known,
-    /// What the sink acknowledged.
+    /// What the sink acknowledged (incremental types only).
     known: Known,
     sent_version: Option<String>,
     nacked_version: Option<String>,
@@ -144,18 +156,168 @@ struct TypeState {
 pub struct Engine {
     policy: Incremental,
     served: fn(&str) -> bool,
+    limits: StreamLimits,
+    /// Served types, by type URL (or collection).
     types: HashMap<String, TypeState>,
+    /// Types we do not serve, by a hash of their type URL: each is answered once, empty, so all
+    /// a stream keeps of one is its response in flight, never the (attacker-sized) URL.
+    unserved: HashMap<u64, Unserved>,
     nonce: u64,
 }
 
+/// A type we do not serve, on one stream.
+#[derive(Debug)]
+struct Unserved {
+    /// Nonce of the empty answer, until it is acknowledged.
+    in_flight: Option<u64>,
+    /// When it was sent.
+    sent_at: Option<Instant>,
+}
+
+fn type_hash(type_key: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(type_key.as_bytes())
+}
+
 impl Engine {
-    /// A new stream; `served` says which type keys carry ServiceEntries.
+    /// A new stream with the default limits; `served` says which type keys carry
+    /// ServiceEntries.
     pub fn new(policy: Incremental, served: fn(&str) -> bool) -> Self {
+        Self::with_limits(policy, served, StreamLimits::default())
+    }
+
+    /// A new stream with `limits`.
+    pub fn with_limits(
+        policy: Incremental,
+        served: fn(&str) -> bool,
+        limits: StreamLimits,
+    ) -> Self {
         Self {
             policy,
             served,
+            limits,
             types: HashMap::new(),
+            unserved: HashMap::new(),
             nonce: 0,
+        }
+    }
+
+    /// Whether `req` keeps the stream within its limits; call it before [`Engine::on_request`]
+    /// and end the stream with the error's status if not (nothing was applied then).
+    pub fn check(&self, req: &Request) -> Result<(), Refused> {
+        let limits = &self.limits;
+        if req.type_key.len() > limits.max_type_url_len {
+            return Err(Refused::TypeUrlLength {
+                len: req.type_key.len(),
+                limit: limits.max_type_url_len,
+            });
+        }
+        let served = (self.served)(&req.type_key);
+        let state = self.types.get(&req.type_key);
+        let known = if served {
+            state.is_some()
+        } else {
+            self.unserved.contains_key(&type_hash(&req.type_key))
+        };
+        if !known && self.types.len() + self.unserved.len() >= limits.max_types {
+            return Err(Refused::TypesPerStream {
+                limit: limits.max_types,
+            });
+        }
+        if !served {
+            // Names of a type we do not serve are not kept.
+            return Ok(());
+        }
+        let held = state.map_or(0, |s| s.sub.names.len());
+        let count = match &req.names {
+            Names::Unchanged => 0,
+            Names::Replace(list) => list.len(),
+            Names::Delta { subscribe, .. } => {
+                let held_names = state.map(|s| &s.sub.names);
+                let new: BTreeSet<&str> = subscribe
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|n| *n != "*" && !held_names.is_some_and(|h| h.contains(*n)))
+                    .collect();
+                held + new.len()
+            }
+        }
+        .max(req.initial_versions.len());
+        if count > limits.max_names {
+            return Err(Refused::ResourceNames {
+                type_url: req.type_key.clone(),
+                count,
+                limit: limits.max_names,
+            });
+        }
+        Ok(())
+    }
+
+    /// Resource names the sink made this stream hold: the names it subscribed to, and until its
+    /// first response the names it declared held (`initial_resource_versions`). What the
+    /// stream keeps of sets it was sent is the cache's data, bounded by the served set.
+    pub fn names_held(&self) -> usize {
+        self.types
+            .values()
+            .map(|s| {
+                let declared = match &s.known {
+                    Known::Versions(m) if !s.answered => m.len(),
+                    _ => 0,
+                };
+                s.sub.names.len() + declared
+            })
+            .sum()
+    }
+
+    /// When the oldest response still waiting for its ACK was sent.
+    pub fn oldest_unacked(&self) -> Option<Instant> {
+        let served = self.types.values().filter_map(|s| s.sent_at);
+        let unserved = self.unserved.values().filter_map(|u| u.sent_at);
+        served.chain(unserved).min()
+    }
+
+    /// [`Engine::on_request`] for a type we do not serve: the first request (whatever its nonce),
+    /// or a fresh SotW one with nothing in flight, gets one empty answer; the rest are its ACK or
+    /// NACK, or stale.
+    fn on_unserved(&mut self, req: Request) -> (Ack, Option<Outgoing>) {
+        let delta = matches!(req.names, Names::Delta { .. });
+        match self.unserved.get_mut(&type_hash(&req.type_key)) {
+            Some(u) if req.nonce.is_empty() && (u.in_flight.is_some() || delta) => {
+                let kind = if u.in_flight.is_some() {
+                    Ack::Stale
+                } else {
+                    Ack::Subscribe
+                };
+                (kind, None)
+            }
+            Some(u) if !req.nonce.is_empty() => {
+                if u.in_flight.map(|n| n.to_string()).as_deref() != Some(req.nonce.as_str()) {
+                    return (Ack::Stale, None);
+                }
+                u.in_flight = None;
+                u.sent_at = None;
+                match req.error {
+                    Some(e) => (Ack::Nack(e), None),
+                    None => (Ack::Ack, None),
+                }
+            }
+            _ => {
+                self.nonce += 1;
+                let unserved = Unserved {
+                    in_flight: Some(self.nonce),
+                    sent_at: Some(Instant::now()),
+                };
+                self.unserved.insert(type_hash(&req.type_key), unserved);
+                let out = Outgoing {
+                    type_key: req.type_key,
+                    version: "0".into(),
+                    nonce: self.nonce.to_string(),
+                    resources: Vec::new(),
+                    removed: Vec::new(),
+                    incremental: false,
+                    served: false,
+                };
+                (Ack::Subscribe, Some(out))
+            }
         }
     }
 
@@ -176,6 +338,9 @@ impl Engine {
         req: Request,
         snapshot: Option<&Arc<Snapshot>>,
     ) -> (Ack, Option<Outgoing>) {
+        if !(self.served)(&req.type_key) {
+            return self.on_unserved(req);
+        }
         let policy = self.policy;
         let kind = match self.types.get_mut(&req.type_key) {
             Some(state)
@@ -205,6 +370,7 @@ impl Engine {
                     return (Ack::Stale, out);
                 }
                 state.in_flight = None;
+                state.sent_at = None;
                 let kind = match req.error {
                     Some(e) => {
                         state.nacked_version = state.sent_version.clone();
@@ -234,7 +400,6 @@ impl Engine {
                     Known::Nothing
                 };
                 let mut state = TypeState {
-                    served: (self.served)(&req.type_key),
                     incremental,
                     // Protocols that name no resources (`Names::Unchanged`) get everything.
                     sub: Subscription {
@@ -242,6 +407,7 @@ impl Engine {
                         names: BTreeSet::new(),
                     },
                     in_flight: None,
+                    sent_at: None,
                     next_known: known.clone(),
                     known,
                     sent_version: None,
@@ -259,13 +425,18 @@ impl Engine {
     }
 
     /// A new snapshot was published: responses for every served type that can take one.
+    ///
+    /// A type still waiting for the ACK of an earlier response keeps only the names and versions
+    /// of the sets it holds from now on: they are older than the newest, and a sink slow to ACK
+    /// must not keep their resources alive.
     pub fn on_snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Vec<Outgoing> {
-        let keys: Vec<String> = self
-            .types
-            .iter()
-            .filter(|(_, s)| s.served)
-            .map(|(k, _)| k.clone())
-            .collect();
+        for state in self.types.values_mut() {
+            if state.in_flight.is_some() {
+                state.known.forget_resources();
+                state.next_known.forget_resources();
+            }
+        }
+        let keys: Vec<String> = self.types.keys().cloned().collect();
         keys.iter()
             .filter_map(|k| self.try_send(k, Some(snapshot)))
             .collect()
@@ -275,24 +446,6 @@ impl Engine {
         let state = self.types.get_mut(type_key)?;
         if state.in_flight.is_some() {
             return None;
-        }
-        if !state.served {
-            if state.answered {
-                return None;
-            }
-            state.answered = true;
-            self.nonce += 1;
-            let nonce = self.nonce.to_string();
-            state.in_flight = Some(nonce.clone());
-            return Some(Outgoing {
-                type_key: type_key.to_string(),
-                version: "0".into(),
-                nonce,
-                resources: Vec::new(),
-                removed: Vec::new(),
-                incremental: false,
-                served: false,
-            });
         }
         // Until the first registry sync there is nothing true to say: an empty answer would make
         // a reconnecting istiod delete everything this source gave it before.
@@ -319,7 +472,14 @@ impl Engine {
         self.nonce += 1;
         let nonce = self.nonce.to_string();
         state.in_flight = Some(nonce.clone());
-        state.next_known = Known::Snapshot(view);
+        state.sent_at = Some(Instant::now());
+        // A full-state response needs nothing of what was sent before: only incremental types
+        // remember the set.
+        state.next_known = if state.incremental {
+            Known::Snapshot(view)
+        } else {
+            Known::Nothing
+        };
         state.sent_version = Some(snapshot.version.clone());
         state.dirty = false;
         state.answered = true;
@@ -418,11 +578,7 @@ fn apply_delta(state: &mut TypeState, subscribe: &[String], unsubscribe: &[Strin
 /// Whether the sink is taken to hold `name` (on a first request: declared it in
 /// `initial_resource_versions`).
 fn known_has(known: &Known, name: &str) -> bool {
-    match known {
-        Known::Nothing => false,
-        Known::Snapshot(s) => s.get(name).is_some(),
-        Known::Versions(m) => m.contains_key(name),
-    }
+    known.version(name).is_some()
 }
 
 /// Marks `resend` as to be sent again and, if `keep` is given, forgets every other name not in
@@ -431,27 +587,21 @@ fn known_has(known: &Known, name: &str) -> bool {
 fn amend(known: &mut Known, resend: &BTreeSet<&str>, keep: Option<&BTreeSet<String>>) -> bool {
     let outside = |name: &str| keep.is_some_and(|k| !k.contains(name));
     // Without `keep` nothing is outside: no need to look at every name held.
-    let needs_pruning = keep.is_some()
-        && match &*known {
-            Known::Nothing => false,
-            Known::Snapshot(s) => s.iter().any(|e| outside(&e.name)),
-            Known::Versions(m) => m.keys().any(|n| outside(n)),
-        };
+    let needs_pruning = keep.is_some() && known.pairs().any(|(n, _)| outside(n));
     let resend: Vec<&str> = resend.iter().copied().filter(|n| !outside(n)).collect();
     if resend.is_empty() && !needs_pruning {
         return false;
     }
     let mut map: BTreeMap<String, String> = match std::mem::replace(known, Known::Nothing) {
-        Known::Nothing => BTreeMap::new(),
-        Known::Snapshot(s) => s
-            .iter()
-            .filter(|e| !outside(&e.name))
-            .map(|e| (e.name.to_string(), e.version.to_string()))
-            .collect(),
         Known::Versions(mut m) => {
             m.retain(|n, _| !outside(n));
             m
         }
+        other => other
+            .pairs()
+            .filter(|(n, _)| !outside(n))
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect(),
     };
     for n in resend {
         map.insert(n.to_string(), RESEND.to_string());
@@ -915,5 +1065,134 @@ mod tests {
         let out = out.expect("ns/b");
         assert_eq!(names_of(&out), vec!["ns/b"], "ns/a is up to date");
         assert!(out.removed.is_empty());
+    }
+
+    #[test]
+    fn full_state_types_keep_no_set_between_responses() {
+        let s1 = mk_snapshot(&[("ns/a", "1")]);
+        let s2 = mk_snapshot(&[("ns/a", "2")]);
+        let held = s1.get("ns/a").map(Arc::clone).expect("a");
+        let mut e = Engine::new(Incremental::Never, served);
+        let (_, out) = e.on_request(mk_request(SE, ""), Some(&s1));
+        let out = out.expect("full");
+        e.on_request(mk_request(SE, &out.nonce), Some(&s1));
+        let state = &e.types[SE];
+        assert!(matches!(state.known, Known::Nothing), "{:?}", state.known);
+        assert!(matches!(state.next_known, Known::Nothing));
+        drop((out, s1));
+        assert_eq!(Arc::strong_count(&held), 1, "nothing of s1 is held");
+        assert_eq!(e.on_snapshot(&s2).len(), 1, "the next set is still sent");
+    }
+
+    /// A delta stream waiting for an ACK while newer sets are published keeps only the names
+    /// and versions of the sets it holds; the diffs it sends are the same as before.
+    #[test]
+    fn a_slow_incremental_stream_keeps_no_old_resources() {
+        let s1 = mk_snapshot(&[("ns/a", "1"), ("ns/b", "1")]);
+        let s2 = Arc::new(
+            s1.with_changes(vec![("ns/a".into(), Some(mk_entry("ns/a", "2")))])
+                .expect("changed"),
+        );
+        let s3 = Arc::new(
+            s2.with_changes(vec![("ns/b".into(), None)])
+                .expect("changed"),
+        );
+        let held = [s1.get("ns/a"), s2.get("ns/a")].map(|e| Arc::clone(e.expect("a")));
+        let mut e = Engine::new(Incremental::Always, served);
+        let (_, out) = e.on_request(mk_request(SE, ""), Some(&s1));
+        let first = out.expect("full");
+        assert!(delta_ack(&mut e, &first, &s1).is_none());
+        let second = e.on_snapshot(&s2).pop().expect("a changed");
+        assert_eq!(names_of(&second), vec!["ns/a"]);
+        // s3 is published while `second` waits for its ACK.
+        assert!(e.on_snapshot(&s3).is_empty(), "one response in flight");
+        let state = &e.types[SE];
+        assert!(matches!(state.known, Known::Names(_)), "{:?}", state.known);
+        assert!(matches!(state.next_known, Known::Names(_)));
+        drop((first, second, s1, s2));
+        for (i, h) in held.iter().enumerate() {
+            // s2's ns/a is still in s3 (unchanged there); s1's is gone.
+            let owners = if i == 0 { 1 } else { 2 };
+            assert_eq!(Arc::strong_count(h), owners, "entry {i}");
+        }
+        let out = e
+            .on_request(mk_request(SE, "2"), Some(&s3))
+            .1
+            .expect("b removed");
+        assert!(out.resources.is_empty());
+        assert_eq!(out.removed, vec!["ns/b"]);
+    }
+
+    #[test]
+    fn unacked_age_is_the_oldest_response_in_flight() {
+        let s1 = mk_snapshot(&[("ns/a", "1")]);
+        let mut e = Engine::new(Incremental::Never, served);
+        assert!(e.oldest_unacked().is_none());
+        let before = Instant::now();
+        let (_, out) = e.on_request(mk_request(SE, ""), Some(&s1));
+        let first = e.oldest_unacked().expect("in flight");
+        assert!(first >= before);
+        e.on_request(mk_request("other/Type", ""), Some(&s1));
+        assert_eq!(e.oldest_unacked(), Some(first), "the oldest of two");
+        e.on_request(mk_request(SE, &out.expect("a").nonce), Some(&s1));
+        assert!(e.oldest_unacked().expect("the other") >= first);
+        e.on_request(mk_request("other/Type", "2"), Some(&s1));
+        assert!(e.oldest_unacked().is_none());
+    }
+
+    #[test]
+    fn limits_are_checked_before_anything_is_applied() {
+        let limits = StreamLimits {
+            max_types: 2,
+            max_type_url_len: 40,
+            max_names: 3,
+        };
+        let mut e = Engine::with_limits(Incremental::Always, served, limits);
+        let long = "x".repeat(41);
+        assert_eq!(
+            e.check(&mk_request(&long, "")),
+            Err(Refused::TypeUrlLength { len: 41, limit: 40 })
+        );
+        for t in [SE, "other/A"] {
+            assert_eq!(e.check(&mk_request(t, "")), Ok(()));
+            e.on_request(mk_request(t, ""), None);
+        }
+        assert_eq!(
+            e.check(&mk_request("other/B", "")),
+            Err(Refused::TypesPerStream { limit: 2 })
+        );
+        assert_eq!(e.check(&mk_request(SE, "")), Ok(()), "a type it has");
+        // Names of a served type: subscribed ones add up across delta requests.
+        e.on_request(delta_request("", &["ns/a", "ns/b"], &[]), None);
+        // The two names, and the same two marked to be sent (nothing was answered yet).
+        assert_eq!(e.names_held(), 4);
+        assert_eq!(
+            e.check(&delta_request("", &["ns/a", "ns/c", "*"], &[])),
+            Ok(())
+        );
+        assert_eq!(
+            e.check(&delta_request("", &["ns/c", "ns/d"], &[])),
+            Err(Refused::ResourceNames {
+                type_url: SE.into(),
+                count: 4,
+                limit: 3
+            })
+        );
+        let mut req = mk_request(SE, "");
+        req.names = Names::Replace((0..4).map(|i| i.to_string()).collect());
+        assert!(e.check(&req).is_err(), "SotW lists too");
+        let mut fresh = Engine::with_limits(Incremental::Always, served, limits);
+        let mut req = mk_request(SE, "");
+        req.initial_versions = (0..4).map(|i| (i.to_string(), "1".to_string())).collect();
+        assert!(fresh.check(&req).is_err(), "declared versions too");
+        // A type we do not serve keeps none of its names, so they are not counted.
+        let mut req = delta_request("", &["1", "2", "3", "4"], &[]);
+        req.type_key = "other/A".into();
+        assert_eq!(fresh.check(&req), Ok(()));
+        let (_, out) = fresh.on_request(req, None);
+        assert!(out.is_some_and(|o| !o.served), "answered empty");
+        assert_eq!(fresh.names_held(), 0);
+        assert!(fresh.types.is_empty(), "nor its type URL");
+        assert_eq!(fresh.unserved.len(), 1);
     }
 }

@@ -185,6 +185,7 @@ impl Encoded {
         let len = u32::try_from(self.len).map_err(|_| TooLarge(self.len))?;
         Ok(Chunks {
             frame_len: len,
+            left: self.len + 5,
             response: self,
             started: false,
             next: 0,
@@ -215,6 +216,9 @@ pub struct TooLarge(pub usize);
 pub struct Chunks {
     response: Encoded,
     frame_len: u32,
+    /// Bytes of the frame not handed out yet: a copied piece is allocated at most this large
+    /// (an empty answer is a few hundred bytes, not a whole [`CHUNK`]).
+    left: usize,
     started: bool,
     /// Next resource to write.
     next: usize,
@@ -229,6 +233,14 @@ impl Iterator for Chunks {
     type Item = Bytes;
 
     fn next(&mut self) -> Option<Bytes> {
+        let piece = self.piece()?;
+        self.left = self.left.saturating_sub(piece.len());
+        Some(piece)
+    }
+}
+
+impl Chunks {
+    fn piece(&mut self) -> Option<Bytes> {
         if let Some(p) = self.pending.take() {
             return Some(p);
         }
@@ -236,7 +248,7 @@ impl Iterator for Chunks {
             return None;
         }
         let r = &self.response;
-        let mut buf = BytesMut::with_capacity(CHUNK + SHARE);
+        let mut buf = BytesMut::with_capacity(self.left.min(CHUNK + SHARE));
         if !self.started {
             self.started = true;
             buf.put_u8(0); // not compressed
@@ -434,5 +446,15 @@ mod tests {
             );
         }
         assert!(pieces.len() > 2, "several chunks: {}", pieces.len());
+
+        // What is left to hand out is tracked exactly: it sizes the copied pieces.
+        let small = Encoded::new((), vec![entry("ns/a", 10)], Wrap::Any { field: 2 }, ());
+        let total = small.len() + 5;
+        let mut chunks = small.chunks().expect("frame");
+        assert_eq!(chunks.left, total);
+        let piece = chunks.next().expect("one piece");
+        assert_eq!(piece.len(), total);
+        assert_eq!(chunks.left, 0);
+        assert!(chunks.next().is_none());
     }
 }

@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Request, Response};
@@ -17,9 +18,12 @@ use tonic::server::NamedService;
 use tonic::Status;
 use tonic_prost::ProstCodec;
 
+use super::conn::ConnInfo;
+use super::limits::Refused;
 use super::protocol::{Delta, Legacy, MeshIncremental, MeshSotw, Protocol, Xds};
+use super::request_body::MeteredBody;
 use super::response_body::ResponseBody;
-use super::{drive, StreamContext, MAX_REQUEST};
+use super::{drive, StreamContext};
 
 /// A gRPC service name and the methods it routes.
 pub trait Methods: Send + Sync + 'static {
@@ -115,22 +119,48 @@ impl<M: Methods> tower_service::Service<Request<Body>> for Service<M> {
     }
 }
 
-/// Starts one stream: its task decodes requests and feeds the response body.
+/// Starts one stream: its task decodes requests and feeds the response body. A stream over
+/// `--max-streams`, or on a connection over `--max-connections`, is refused at once.
 fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body> {
-    let req = tonic::Request::from_http(req);
-    let peer = req
-        .remote_addr()
-        .map_or_else(|| "unknown".to_string(), |a| a.to_string());
+    let conn = ConnInfo::of(&req);
+    let peer = ConnInfo::peer(conn);
+    let accepted = conn.map(|c| c.accepted);
+    let limits = &ctx.limits;
+    let slot = match conn.and_then(|c| c.over_limit) {
+        Some(limit) => Err(Refused::Connections { limit }),
+        None => Arc::clone(&limits.streams)
+            .try_acquire_owned()
+            .map_err(|_| Refused::Streams {
+                limit: limits.max_streams,
+            }),
+    };
+    let slot = match slot {
+        Ok(slot) => slot,
+        Err(refused) => {
+            limits.refused(&ctx.metrics, &refused, P::PROTOCOL, &peer);
+            return refused.status().into_http::<Body>();
+        }
+    };
+    let on_refused = {
+        let (limits, metrics, peer) = (limits.clone(), ctx.metrics.clone(), peer.clone());
+        Box::new(move |r: &Refused| limits.refused(&metrics, r, P::PROTOCOL, &peer))
+    };
+    let body = MeteredBody::new(
+        req.into_body(),
+        limits.max_request_size,
+        limits.large_requests.clone(),
+        on_refused,
+    );
     let requests = Streaming::<P::Req>::new_request(
         tonic::codec::Codec::decoder(&mut ProstCodec::<P::Req, P::Req>::default()),
-        req.into_inner(),
+        body,
         None,
-        Some(MAX_REQUEST),
+        Some(limits.max_request_size),
     );
     // One slot: the engine keeps one response per type in flight, so a sink that stopped
     // reading holds the response being written and at most this one more.
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(drive::<P>(requests, tx, ctx.clone(), peer));
+    tokio::spawn(drive::<P>(requests, tx, ctx.clone(), peer, accepted, slot));
     let mut resp = Response::new(Body::new(ResponseBody::new(rx)));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,

@@ -4,30 +4,48 @@
 //! stream's [`engine::Engine`], responses come out through a one-slot channel into the stream's
 //! [`response_body::ResponseBody`]. Resource bytes are shared with the cache: nothing is re-encoded per
 //! sink, and no sink holds a copy of a response (see [`frames`]).
+//!
+//! What a peer can make the server hold is bounded ([`limits`]): connections ([`conn`]), streams,
+//! requests in flight ([`request_body`]) and each stream's subscription state ([`engine`]).
 
+pub mod conn;
 pub mod engine;
 pub mod frames;
 mod grpc;
+pub mod limits;
 pub mod protocol;
+pub mod request_body;
 mod response_body;
 pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Status, Streaming};
 
 use crate::cache::Snapshot;
 use crate::metrics::Metrics;
+use conn::ConnLimiter;
 use engine::{Ack, Engine};
+use limits::{NamesCharge, ServerLimits};
 use protocol::Protocol;
 use response_body::Sent;
 
-/// Largest request accepted (requests are small; this only bounds abuse).
-const MAX_REQUEST: usize = 16 << 20;
+/// The receive windows the server offers: what a peer may send ahead of what a stream has read.
+/// HTTP/2's own default for a stream (64 KiB) and four of them per connection, instead of
+/// hyper's 1 MiB each: a stream whose sink stopped reading responses also stops reading
+/// requests, and every connection of a flood would otherwise hold a megabyte.
+const STREAM_WINDOW: u32 = 64 << 10;
+const CONNECTION_WINDOW: u32 = 256 << 10;
+
+/// How long a stream that ends with an error status waits to hand the status over (its sink
+/// may have stopped reading) before it just ends.
+const FAREWELL: Duration = Duration::from_secs(5);
 
 /// What every stream needs.
 #[derive(Clone, Debug)]
@@ -44,6 +62,8 @@ pub struct StreamContext {
     /// `--shards`: the shard this port serves (its `mcp_adapter_shard_*` label); `None` for
     /// an unsharded source.
     pub shard: Option<String>,
+    /// Limits and their counters, shared by every shard's port.
+    pub limits: Arc<ServerLimits>,
 }
 
 /// Errors starting the gRPC server.
@@ -71,10 +91,26 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let allow = tls.as_ref().map(|t| t.client_sans().clone());
-    let shutdown = ctx.shutdown.clone();
-    let router = tonic::transport::Server::builder()
+    let limits = ctx.limits.clone();
+    let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW);
+    if let Some(age) = limits.max_connection_age {
+        // GOAWAY at `age`: the peer opens no new stream on this connection. Its streams end
+        // `connection_age_grace` later (in `drive`), and it reconnects, maybe to another replica.
+        builder = builder.max_connection_age(age);
+    }
+    let shutdown = ctx.shutdown.clone();
+    let limiter = ConnLimiter::new(limits.connections.clone(), limits.max_connections);
+    // TCP_NODELAY: a push is one write; Nagle would hold its tail for ~40 ms waiting for an
+    // ACK. (tonic's own nodelay setting does not apply to a listener passed in.)
+    let conns = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(move |io| io.map(|io| limiter.accept(io)));
+    let router = builder
         .layer(tonic::service::InterceptorLayer::new(tls::authorize(
             allow.unwrap_or_default(),
         )))
@@ -83,9 +119,6 @@ pub async fn serve(
         .add_service(grpc::Service::<grpc::MeshConfig>::new(ctx))
         .add_service(health)
         .add_service(reflection);
-    // TCP_NODELAY: a push is one write; Nagle would hold its tail for ~40 ms waiting for an
-    // ACK. (tonic's own nodelay setting does not apply to a listener passed in.)
-    let conns = TcpIncoming::from(listener).with_nodelay(Some(true));
     match tls {
         // TLS is done by the adapter's own acceptor (certificates reloaded on change).
         Some(tls) => {
@@ -119,14 +152,38 @@ fn type_class(served: bool) -> &'static str {
     }
 }
 
-/// Runs one stream until the sink leaves, the stream breaks, or shutdown.
+/// Hands a final status to the stream's body, unless the sink stopped reading (then the stream
+/// just ends after [`FAREWELL`]) or the adapter shuts down.
+async fn farewell(tx: &mpsc::Sender<Sent>, status: Status, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = tx.send(Err(status)) => {}
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(FAREWELL) => {}
+    }
+}
+
+/// Waits until `at`, or forever if `None`.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs one stream until the sink leaves, the stream breaks, a limit ends it, or shutdown.
+///
+/// `accepted` is when its connection was accepted (`--max-connection-age` counts from it);
+/// `_slot` is its place under `--max-streams`, given back when it ends.
 async fn drive<P: Protocol>(
     mut requests: Streaming<P::Req>,
     tx: mpsc::Sender<Sent>,
     ctx: StreamContext,
     peer: String,
+    accepted: Option<Instant>,
+    _slot: OwnedSemaphorePermit,
 ) {
     let metrics = ctx.metrics;
+    let limits = ctx.limits;
     let gauge = metrics.sinks.with_label_values(&[P::PROTOCOL]);
     gauge.inc();
     let _gauge = SinkGauge(gauge);
@@ -139,12 +196,36 @@ async fn drive<P: Protocol>(
         )
     });
     let mut snapshots = ctx.snapshots;
-    let mut engine = Engine::new(P::INCREMENTAL, P::served);
+    let mut engine = Engine::with_limits(P::INCREMENTAL, P::served, limits.stream);
+    let mut names = NamesCharge::new(limits.names.clone());
     let mut node: Option<String> = None;
+    // After GOAWAY (`--max-connection-age`) and the grace, the stream ends so that the sink
+    // reconnects on a new connection.
+    let age_end = until(
+        accepted
+            .zip(limits.max_connection_age)
+            .map(|(at, age)| at + age + limits.connection_age_grace),
+    );
+    tokio::pin!(age_end);
+    // This stream counts in `mcp_adapter_unacked_responses` while its oldest unacknowledged
+    // response is older than `--unacked-threshold`; the timer fires when it would become so.
+    let unacked = metrics.unacked.with_label_values(&[P::PROTOCOL]);
+    let mut lagging: Option<SinkGauge> = None;
+    let mut unacked_due: Option<Instant> = None;
     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink connected.");
     loop {
         let outgoing = tokio::select! {
             _ = ctx.shutdown.cancelled() => break,
+            () = &mut age_end => {
+                tracing::info!(protocol = P::PROTOCOL, %peer, "Ending a stream of a connection older than --max-connection-age; the sink reconnects.");
+                let status = Status::unavailable(format!(
+                    "this connection is older than the adapter's --max-connection-age ({:?}): reconnect (a new connection may reach another replica)",
+                    limits.max_connection_age.unwrap_or_default()
+                ));
+                farewell(&tx, status, &ctx.shutdown).await;
+                return;
+            }
+            () = until(unacked_due) => Vec::new(),
             msg = requests.message() => match msg {
                 Ok(Some(msg)) => {
                     if node.is_none() {
@@ -154,6 +235,11 @@ async fn drive<P: Protocol>(
                         }
                     }
                     let req = P::request(msg);
+                    if let Err(refused) = engine.check(&req) {
+                        limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
+                        farewell(&tx, refused.status(), &ctx.shutdown).await;
+                        return;
+                    }
                     let type_key = req.type_key.clone();
                     let served = P::served(&type_key);
                     // `borrow`, not `borrow_and_update`: only the `changed()` arm may mark a
@@ -161,6 +247,11 @@ async fn drive<P: Protocol>(
                     // would never reach the types this request does not name.
                     let snapshot = snapshots.borrow().clone();
                     let (ack, out) = engine.on_request(req, snapshot.as_ref());
+                    if let Err(refused) = names.set(engine.names_held()) {
+                        limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
+                        farewell(&tx, refused.status(), &ctx.shutdown).await;
+                        return;
+                    }
                     match &ack {
                         Ack::Ack => metrics.acks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc(),
                         Ack::Nack(reason) => {
@@ -174,6 +265,12 @@ async fn drive<P: Protocol>(
                 }
                 Ok(None) => break,
                 Err(status) => {
+                    // A request over a limit (request_body.rs, or tonic's own): tell the sink.
+                    if matches!(status.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange) {
+                        tracing::debug!(protocol = P::PROTOCOL, %peer, %status, "Ending a stream over a request limit.");
+                        farewell(&tx, status, &ctx.shutdown).await;
+                        return;
+                    }
                     tracing::debug!(protocol = P::PROTOCOL, %peer, %status, "Sink stream broke.");
                     break;
                 }
@@ -182,10 +279,13 @@ async fn drive<P: Protocol>(
                 if changed.is_err() {
                     break;
                 }
-                match snapshots.borrow_and_update().clone() {
+                let out = match snapshots.borrow_and_update().clone() {
                     Some(s) => engine.on_snapshot(&s),
                     None => Vec::new(),
-                }
+                };
+                // Sending replaces declared versions with shared sets: this only gives back.
+                let _ = names.set(engine.names_held());
+                out
             }
         };
         for out in outgoing {
@@ -198,10 +298,7 @@ async fn drive<P: Protocol>(
                     "the response is {} bytes, over this source's --max-message-size of {limit} bytes",
                     resp.len()
                 ));
-                tokio::select! {
-                    _ = tx.send(Err(status)) => {}
-                    _ = ctx.shutdown.cancelled() => {}
-                }
+                farewell(&tx, status, &ctx.shutdown).await;
                 return;
             }
             metrics
@@ -225,6 +322,23 @@ async fn drive<P: Protocol>(
                     tracing::info!(protocol = P::PROTOCOL, %peer, "Shutting down with a response unsent (the sink stopped reading).");
                     return;
                 }
+            }
+        }
+        // Lagging or not, and when it would start to.
+        unacked_due = None;
+        match engine
+            .oldest_unacked()
+            .map(|sent| Instant::from_std(sent) + limits.unacked_threshold)
+        {
+            Some(due) if due <= Instant::now() => {
+                if lagging.is_none() {
+                    unacked.inc();
+                    lagging = Some(SinkGauge(unacked.clone()));
+                }
+            }
+            due => {
+                lagging = None;
+                unacked_due = due;
             }
         }
     }

@@ -4,7 +4,10 @@
 //! Refusing here rather than failing the handshake gives the client a reason it can show: a
 //! handshake failure reaches it as a bare TLS alert.
 
+use tonic::transport::server::TlsConnectInfo;
 use tonic::{Request, Status};
+
+use crate::server::conn::ConnInfo;
 
 use super::cert;
 use super::san::SanAllowList;
@@ -20,7 +23,11 @@ pub fn authorize(
         if allow.is_empty() {
             return Ok(req);
         }
-        let Some(certs) = req.peer_certs() else {
+        let certs = req
+            .extensions()
+            .get::<TlsConnectInfo<ConnInfo>>()
+            .and_then(TlsConnectInfo::peer_certs);
+        let Some(certs) = certs else {
             return Err(Status::permission_denied(
                 "no client certificate seen on this connection, and --tls-client-san is set",
             ));
