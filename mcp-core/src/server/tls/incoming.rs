@@ -1,11 +1,9 @@
 //! Completes the TLS handshakes of accepted connections for tonic, each on its own task (one
 //! slow or silent client holds up no other), and reports the clients refused.
 
-use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -13,18 +11,17 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
 use super::{cert, Tls, HANDSHAKE_TIMEOUT};
+use crate::server::conn::{Conn, ConnInfo};
 
-/// The connections of `conns` (accepted TCP connections, wrapped as the caller likes) whose
-/// handshake completed, until `shutdown`.
-pub fn incoming<IO, S>(
+/// The connections of `conns` (accepted, counted against `--max-connections`) whose handshake
+/// completed, until `shutdown`.
+pub fn incoming<S>(
     conns: S,
     tls: Arc<Tls>,
     shutdown: CancellationToken,
-) -> impl Stream<Item = Result<TlsStream<IO>, std::io::Error>>
+) -> impl Stream<Item = Result<TlsStream<Conn>, std::io::Error>>
 where
-    S: Stream<Item = Result<IO, std::io::Error>> + Send + 'static,
-    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
-    IO::ConnectInfo: Debug,
+    S: Stream<Item = Result<Conn, std::io::Error>> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
@@ -44,7 +41,7 @@ where
                     continue;
                 }
             };
-            let peer = tcp.connect_info();
+            let peer = ConnInfo::peer(Some(&tcp.connect_info()));
             let (tls, tx) = (tls.clone(), tx.clone());
             tokio::spawn(async move {
                 let handshake =
@@ -70,7 +67,7 @@ where
 
 /// Logs and counts a client whose certificate has no `--tls-client-san` name; its requests are
 /// refused by [`super::authorize`], which can answer with a reason the client shows.
-fn check_sans<IO>(tls: &Tls, stream: &TlsStream<IO>, peer: &impl Debug) {
+fn check_sans(tls: &Tls, stream: &TlsStream<Conn>, peer: &str) {
     let allow = &tls.settings.client_sans;
     if allow.is_empty() {
         return;
@@ -88,19 +85,19 @@ fn check_sans<IO>(tls: &Tls, stream: &TlsStream<IO>, peer: &impl Debug) {
             .tls_refused
             .with_label_values(&["san_not_allowed"])
             .inc();
-        tracing::warn!(?peer, presented_sans = ?sans, allowed = %allow, "Refused a client: its certificate carries no name in --tls-client-san.");
+        tracing::warn!(%peer, presented_sans = ?sans, allowed = %allow, "Refused a client: its certificate carries no name in --tls-client-san.");
     }
 }
 
-fn refused(tls: &Tls, peer: &impl Debug, error: &std::io::Error) {
+fn refused(tls: &Tls, peer: &str, error: &std::io::Error) {
     tls.metrics
         .tls_refused
         .with_label_values(&["handshake"])
         .inc();
     if error.kind() == std::io::ErrorKind::UnexpectedEof {
         // Load balancer and kubelet TCP probes connect and close without a handshake.
-        tracing::debug!(?peer, %error, "A client left before the TLS handshake.");
+        tracing::debug!(%peer, %error, "A client left before the TLS handshake.");
     } else {
-        tracing::warn!(?peer, %error, "TLS handshake failed (no client certificate, or one the client CAs did not sign?).");
+        tracing::warn!(%peer, %error, "TLS handshake failed (no client certificate, or one the client CAs did not sign?).");
     }
 }
