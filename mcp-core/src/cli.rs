@@ -158,9 +158,9 @@ pub struct CommonArgs {
     pub tls_client_ca: Option<PathBuf>,
 
     /// Names a client certificate must carry (as a subject alternative name) besides being
-    /// signed by `--tls-client-ca`, comma-separated: DNS names, URIs such as istiod's SPIFFE ID
-    /// `spiffe://cluster.local/ns/istio-system/sa/istiod`, or a URI prefix ending in `/*`
-    /// (`spiffe://cluster.local/ns/istio-system/*`). Other clients get PERMISSION_DENIED.
+    /// signed by `--tls-client-ca`, comma-separated: DNS names, URIs such as a SPIFFE ID
+    /// `spiffe://cluster.local/ns/tools/sa/mcp-reader`, or a URI prefix ending in `/*`
+    /// (`spiffe://cluster.local/ns/tools/*`). Other clients get PERMISSION_DENIED.
     /// Default: any certificate the CA signed.
     #[arg(
         long,

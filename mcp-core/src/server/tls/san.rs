@@ -2,8 +2,8 @@
 //! `--tls-client-ca`.
 //!
 //! A CA such as a mesh's signs every workload, so "signed by the CA" admits any pod in the
-//! mesh; the allow-list narrows that to the sinks meant to read the registry (istiod's
-//! `spiffe://cluster.local/ns/istio-system/sa/istiod`). Names are matched against the
+//! mesh; the allow-list narrows that to the sinks meant to read the registry (by SPIFFE ID,
+//! `spiffe://cluster.local/ns/<ns>/sa/<account>`, or DNS name). Names are matched against the
 //! certificate's subject alternative names only (the subject CN is not an identity since
 //! RFC 6125).
 
