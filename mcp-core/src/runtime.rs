@@ -331,8 +331,9 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
             Ok(())
         }));
     }
+    // No MCP port (`--output kube`): nothing to serve the certificate on, nothing to reload.
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(Tls::start(
+        (Some(cert), Some(key)) if mcp_on => Some(Tls::start(
             TlsSettings {
                 cert: cert.clone(),
                 key: key.clone(),
