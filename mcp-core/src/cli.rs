@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::filter::NameFilter;
 use crate::parse;
+use crate::server::tls::san::SanPattern;
 use crate::shard::{Shard, ShardIndex};
 use crate::vip::VipCidr;
 
@@ -156,6 +157,25 @@ pub struct CommonArgs {
     #[arg(long, env = "MCP_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
+    /// Names a client certificate must carry (as a subject alternative name) besides being
+    /// signed by `--tls-client-ca`, comma-separated: DNS names, URIs such as a SPIFFE ID
+    /// `spiffe://cluster.local/ns/tools/sa/mcp-reader`, or a URI prefix ending in `/*`
+    /// (`spiffe://cluster.local/ns/tools/*`). Other clients get PERMISSION_DENIED.
+    /// Default: any certificate the CA signed.
+    #[arg(
+        long,
+        env = "MCP_TLS_CLIENT_SAN",
+        value_delimiter = ',',
+        requires = "tls_client_ca",
+        value_parser = SanPattern::parse
+    )]
+    pub tls_client_san: Vec<SanPattern>,
+
+    /// How often the TLS files are looked at: a changed certificate, key or client CA bundle
+    /// is used for new connections (open ones keep going), once it is checked usable.
+    #[arg(long, env = "MCP_TLS_RELOAD_INTERVAL", default_value = "5s", value_parser = positive_duration)]
+    pub tls_reload_interval: Duration,
+
     /// `--output` and the Kubernetes output's flags.
     #[command(flatten)]
     pub output: OutputArgs,
@@ -179,6 +199,14 @@ impl CommonArgs {
 }
 
 /// `--max-labels`: a count above 0.
+/// A duration above zero (a zero poll interval would spin).
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match parse::duration(s)? {
+        d if d.is_zero() => Err("must be above 0".into()),
+        d => Ok(d),
+    }
+}
+
 fn label_count(s: &str) -> Result<usize, String> {
     s.trim()
         .parse::<usize>()

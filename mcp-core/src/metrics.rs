@@ -64,6 +64,14 @@ pub struct Metrics {
     pub kube_conflicts: IntGauge,
     /// Kubernetes output: objects the API server refused.
     pub kube_rejected: IntGauge,
+    /// TLS clients refused, by reason (`handshake`, `san_not_allowed`).
+    pub tls_refused: IntCounterVec,
+    /// Changed TLS files taken (`ok`) or refused as unusable (`error`).
+    pub tls_reloads: IntCounterVec,
+    /// 1 while a changed TLS file is not usable (the previous certificate or CAs are served).
+    pub tls_reload_failing: IntGauge,
+    /// notAfter of the served certificate, Unix seconds (0 without TLS).
+    pub tls_not_after: IntGauge,
 }
 
 impl Metrics {
@@ -219,6 +227,24 @@ impl Metrics {
                 "mcp_adapter_kube_output_rejected",
                 "Kubernetes output: objects the API server refused.",
             )?,
+            tls_refused: counter(
+                "mcp_adapter_tls_refused_connections_total",
+                "TLS clients refused: handshake failed (no or unknown client certificate, not TLS), or san_not_allowed (--tls-client-san).",
+                &["reason"],
+            )?,
+            tls_reloads: counter(
+                "mcp_adapter_tls_reloads_total",
+                "Changed TLS files (certificate and key, client CAs) taken (ok) or refused as unusable (error).",
+                &["result"],
+            )?,
+            tls_reload_failing: gauge(
+                "mcp_adapter_tls_reload_failing",
+                "1 while a changed TLS file is not usable and the previous certificate or client CAs are still served.",
+            )?,
+            tls_not_after: gauge(
+                "mcp_adapter_tls_certificate_not_after_seconds",
+                "Expiry (notAfter, Unix seconds) of the served TLS certificate; 0 without TLS.",
+            )?,
             registry,
         })
     }
@@ -258,6 +284,8 @@ mod tests {
         m.shard_sinks.with_label_values(&["0"]).inc();
         m.shard_push_bytes.with_label_values(&["0"]).inc();
         m.kube_requests.with_label_values(&["apply", "200"]).inc();
+        m.tls_refused.with_label_values(&["handshake"]).inc();
+        m.tls_reloads.with_label_values(&["ok"]).inc();
         let text = m.render();
         for name in [
             "mcp_adapter_pushes_total",
@@ -281,6 +309,10 @@ mod tests {
             "mcp_adapter_shard_snapshots_total",
             "mcp_adapter_shard_connected_sinks",
             "mcp_adapter_shard_push_bytes_total",
+            "mcp_adapter_tls_refused_connections_total",
+            "mcp_adapter_tls_reloads_total",
+            "mcp_adapter_tls_reload_failing",
+            "mcp_adapter_tls_certificate_not_after_seconds",
             "mcp_adapter_kube_output_requests_total",
             "mcp_adapter_kube_output_pending",
             "mcp_adapter_kube_output_lag_seconds",

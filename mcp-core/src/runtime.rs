@@ -16,7 +16,9 @@ use crate::cli::CommonArgs;
 use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
-use crate::server::{self, StreamContext, TlsFiles};
+use crate::server::tls::san::SanAllowList;
+use crate::server::tls::{Tls, TlsSettings};
+use crate::server::{self, StreamContext};
 use crate::status::SharedStatus;
 use crate::translate::TranslateConfig;
 
@@ -61,6 +63,9 @@ pub enum RunError {
     /// The gRPC server failed.
     #[error(transparent)]
     Server(#[from] server::ServerError),
+    /// The TLS files are not usable.
+    #[error("TLS setup: {0}")]
+    Tls(#[from] server::tls::TlsError),
     /// The admin server failed.
     #[error("admin server: {0}")]
     Admin(std::io::Error),
@@ -326,12 +331,19 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
             Ok(())
         }));
     }
+    // No MCP port (`--output kube`): nothing to serve the certificate on, nothing to reload.
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            client_ca: args.tls_client_ca.clone(),
-        }),
+        (Some(cert), Some(key)) if mcp_on => Some(Tls::start(
+            TlsSettings {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.tls_client_ca.clone(),
+                client_sans: SanAllowList::new(args.tls_client_san.clone()),
+                reload_every: args.tls_reload_interval,
+            },
+            metrics.clone(),
+            shutdown.clone(),
+        )?),
         _ => None,
     };
     let tls_on = tls.is_some();

@@ -38,40 +38,56 @@ pub fn make_pki(dir: &Path) {
         "/CN=test-ca",
     ]);
     openssl(dir, &ca);
-    std::fs::write(
-        dir.join("server.ext"),
+    issue(
+        dir,
+        "server",
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("ext");
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").expect("ext");
-    for (who, ext) in [("server", "server.ext"), ("client", "client.ext")] {
-        let key = format!("{who}.key");
-        let csr = format!("{who}.csr");
-        let crt = format!("{who}.crt");
-        let subj = format!("/CN={who}");
-        let mut req = vec!["req"];
-        req.extend(ec);
-        req.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
-        openssl(dir, &req);
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &crt,
-                "-days",
-                "2",
-                "-extfile",
-                ext,
-            ],
-        );
-    }
+        2,
+    );
+    issue(dir, "client", "extendedKeyUsage=clientAuth\n", 2);
+}
+
+/// A new EC P-256 key `NAME.key` and a certificate `NAME.crt` (subject `CN=NAME`, the openssl
+/// extension lines `ext`, valid `days`) signed by `dir`'s `ca.crt`.
+pub fn issue(dir: &Path, name: &str, ext: &str, days: u32) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let (key, csr, crt, extfile) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+        format!("{name}.ext"),
+    );
+    std::fs::write(dir.join(&extfile), ext).expect("write the extension file");
+    let subj = format!("/CN={name}");
+    let mut req = vec!["req"];
+    req.extend(ec);
+    req.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+    openssl(dir, &req);
+    let days = days.to_string();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            &days,
+            "-extfile",
+            &extfile,
+        ],
+    );
 }

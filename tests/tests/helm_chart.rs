@@ -427,6 +427,13 @@ fn check_adapter(objects: &[Value], ns: &str, e: &Expect) {
         e.tls,
         "{what}: {args:?}"
     );
+    // The one TLS values file holds its client certificates to two names (tls.clientSANs).
+    assert_eq!(
+        arg(&args, "--tls-client-san"),
+        e.tls
+            .then_some("spiffe://cluster.local/ns/monitoring/*,mcp-auditor.tools.svc"),
+        "{what}: {args:?}"
+    );
     // Container ports: one per shard from --listen (none with --output=kube), and the admin
     // port, which both probes use and the shard ports do not include.
     let mut want_ports: Vec<Value> = Vec::new();

@@ -84,11 +84,23 @@ fn server_tls_and_required_client_certificates() {
     );
     drop(adapter);
 
-    let (_adapter, server) = tls_adapter(dir.path(), &input, &["--tls-client-ca", &f("ca.crt")]);
+    let (mtls, server) = tls_adapter(dir.path(), &input, &["--tls-client-ca", &f("ca.crt")]);
     let anonymous = mcpctl(&server, &["--tls-ca", &f("ca.crt")]);
     assert!(
         !anonymous.status.success(),
         "a sink without a client certificate must be refused"
+    );
+    // Counted as a failed handshake (after the alert is sent, so maybe after mcpctl exits).
+    e2e::wait_for(
+        std::time::Duration::from_secs(30),
+        "the refused handshake counted",
+        || {
+            (mtls.metric_with(
+                "mcp_adapter_tls_refused_connections_total",
+                "reason=\"handshake\"",
+            ) >= 1.0)
+                .then_some(())
+        },
     );
     let with_cert = mcpctl(
         &server,

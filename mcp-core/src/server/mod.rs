@@ -16,6 +16,7 @@ pub mod limits;
 pub mod protocol;
 pub mod request_body;
 mod response_body;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,38 +69,12 @@ pub struct StreamContext {
 /// Errors starting the gRPC server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// TLS files could not be read or used.
-    #[error("TLS setup: {0}")]
-    Tls(String),
     /// The transport failed.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
     /// Reflection could not be built.
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-}
-
-/// PEM material for TLS on the gRPC port.
-#[derive(Clone, Debug)]
-pub struct TlsFiles {
-    /// Certificate chain.
-    pub cert: std::path::PathBuf,
-    /// Private key.
-    pub key: std::path::PathBuf,
-    /// CA that client certificates must chain to (then required).
-    pub client_ca: Option<std::path::PathBuf>,
-}
-
-fn tls_config(files: &TlsFiles) -> Result<tonic::transport::ServerTlsConfig, ServerError> {
-    let read = |p: &std::path::Path| {
-        std::fs::read(p).map_err(|e| ServerError::Tls(format!("reading {}: {e}", p.display())))
-    };
-    let identity = tonic::transport::Identity::from_pem(read(&files.cert)?, read(&files.key)?);
-    let mut cfg = tonic::transport::ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &files.client_ca {
-        cfg = cfg.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
-    }
-    Ok(cfg)
 }
 
 /// Serves every protocol on `listener` until `ctx.shutdown` is cancelled.
@@ -109,12 +84,13 @@ pub async fn serve(
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
-    tls: Option<TlsFiles>,
+    tls: Option<Arc<tls::Tls>>,
 ) -> Result<(), ServerError> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let allow = tls.as_ref().map(|t| t.client_sans().clone());
     let limits = ctx.limits.clone();
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -127,24 +103,36 @@ pub async fn serve(
         // `connection_age_grace` later (in `drive`), and it reconnects, maybe to another replica.
         builder = builder.max_connection_age(age);
     }
-    if let Some(files) = &tls {
-        builder = builder.tls_config(tls_config(files)?)?;
-    }
     let shutdown = ctx.shutdown.clone();
     let limiter = ConnLimiter::new(limits.connections.clone(), limits.max_connections);
     // TCP_NODELAY: a push is one write; Nagle would hold its tail for ~40 ms waiting for an
     // ACK. (tonic's own nodelay setting does not apply to a listener passed in.)
-    let incoming = TcpIncoming::from(listener)
+    let conns = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .map(move |io| io.map(|io| limiter.accept(io)));
-    builder
+    let router = builder
+        .layer(tonic::service::InterceptorLayer::new(tls::authorize(
+            allow.unwrap_or_default(),
+        )))
         .add_service(grpc::Service::<grpc::Ads>::new(ctx.clone()))
         .add_service(grpc::Service::<grpc::ResourceSource>::new(ctx.clone()))
         .add_service(grpc::Service::<grpc::MeshConfig>::new(ctx))
         .add_service(health)
-        .add_service(reflection)
-        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-        .await?;
+        .add_service(reflection);
+    match tls {
+        // TLS is done by the adapter's own acceptor (certificates reloaded on change).
+        Some(tls) => {
+            let incoming = tls::incoming(conns, tls, shutdown.clone());
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                .await?;
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(conns, shutdown.cancelled_owned())
+                .await?;
+        }
+    }
     Ok(())
 }
 
