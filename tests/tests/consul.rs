@@ -724,7 +724,7 @@ fn a_change_costs_requests_in_proportion_to_what_changed() {
     consul.register(
         &Registration::new(&node_of(1, 0), "fresh", "fresh-0", "10.200.0.2", 8080)
             .protocol("http")
-            .tags(&["v1", "canary"]),
+            .tags(&["v1", "canary", "not a label!"]),
     );
     let items = until("fresh served", &xds, |i| find(i, "fresh").is_some());
     let labels = first_labels(find(&items, "fresh").expect("fresh"));
@@ -732,6 +732,21 @@ fn a_change_costs_requests_in_proportion_to_what_changed() {
     assert_eq!(
         labels["consul.hashicorp.com/tag-canary"], "true",
         "{labels:?}"
+    );
+    // A tag that makes no valid label key is reported, not served.
+    assert!(
+        !labels.keys().any(|k| k.contains("not a label")),
+        "{labels:?}"
+    );
+    assert!(
+        a.metric_with("mcp_adapter_translation_warnings_total", "kind=\"label\"") >= 1.0,
+        "{}",
+        a.log_tail()
+    );
+    assert!(
+        a.log().contains("consul.hashicorp.com/tag-not a label!"),
+        "the warning names the tag: {}",
+        a.log_tail()
     );
     assert!(find(&items, "hidden-1").is_none());
     assert_eq!(
