@@ -88,6 +88,8 @@ fn main() {
         .expect("runtime");
     let mut floor = histogram();
     let mut ours = histogram();
+    // What the catalog watch's every answer costs: the whole name -> tags map, read and sent.
+    let mut catalog = histogram();
     let mut per_change = Vec::new();
     rt.block_on(async {
         let mut sink = Sink::connect(SinkOptions::new(format!("delta://{}", adapter.grpc)))
@@ -117,6 +119,10 @@ fn main() {
             );
             let woke = waiter.join().expect("waiter");
             record(&mut floor, woke.duration_since(t0));
+
+            let t0 = Instant::now();
+            consul.must("GET", "/v1/catalog/services", "");
+            record(&mut catalog, t0.elapsed());
 
             // Ours: the same registration of a wanted service, until the sink holds it.
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -148,6 +154,11 @@ fn main() {
     print_quantiles(48, "floor: consul blocking query on the service", &floor);
     print_quantiles(48, "adapter-consul -> delta xDS sink", &ours);
     println!("ratio {}", p50_p99_ratios(&ours, &floor));
+    print_quantiles(
+        48,
+        "GET /v1/catalog/services (what each answer reads)",
+        &catalog,
+    );
     println!(
         "reads per registration (at the sink): min {} median {} max {}; sweep requests in the whole run: {sweeps}",
         per_change[0],
