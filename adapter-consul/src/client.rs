@@ -19,6 +19,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::{ConsulConfig, MAX_CONCURRENCY};
 use crate::convert::HealthEntry;
+use crate::stats::ConsulStats;
 use mcp_core::http_client::{BodyError, ReloadingClient};
 use mcp_core::secret::{Secret, SecretSource};
 
@@ -91,9 +92,13 @@ pub struct Indexed<T> {
 /// The three change watches each hold one request open besides the bounded ones.
 pub const WATCHES: usize = 3;
 
-/// A filter that matches nothing: the answer is `[]` but `X-Consul-Index` is still the index of
-/// what the query reads, so a change can be detected without transferring the data.
-const NOTHING: &str = r#"ID == "" and ID != """#;
+/// The endpoint label of a fetch of one service's instances.
+pub const HEALTH: &str = "/v1/health/service/:name";
+/// The endpoint label of a look at one service's index alone (an empty answer).
+pub const HEALTH_INDEX: &str = "/v1/health/service/:name?index-only";
+
+/// The endpoint label of a list of one node's services.
+pub const NODE_SERVICES: &str = "/v1/catalog/node-services/:node";
 
 /// A Consul HTTP API client. Cheap to clone (the clones share the connection pool and the cap
 /// on requests in flight).
@@ -115,6 +120,12 @@ struct ClientInner {
     in_flight: Semaphore,
     /// A missing `X-Consul-Index` was already warned about.
     warned_no_index: AtomicBool,
+    /// `?stale` with this `max_stale` (milliseconds), or leader reads.
+    stale: Option<u128>,
+    /// The last answer said there was no known leader (warned once per loss).
+    no_leader: AtomicBool,
+    /// Requests and staleness, as metrics.
+    stats: ConsulStats,
 }
 
 /// The base URL from the address and `CONSUL_HTTP_SSL`, as the consul CLI derives it: a bare
@@ -179,8 +190,17 @@ impl ConsulClient {
                 wait,
                 in_flight: Semaphore::new(concurrency + WATCHES),
                 warned_no_index: AtomicBool::new(false),
+                stale: cfg.stale.then(|| cfg.max_stale.as_millis().max(1)),
+                no_leader: AtomicBool::new(false),
+                stats: ConsulStats::new()
+                    .map_err(|e| ConsulError::Config(format!("metrics: {e}")))?,
             }),
         })
+    }
+
+    /// Requests and staleness, as metrics.
+    pub fn stats(&self) -> &ConsulStats {
+        &self.inner.stats
     }
 
     /// Base address (for messages).
@@ -206,14 +226,23 @@ impl ConsulClient {
         }
     }
 
+    /// One GET of `path` (counted under `endpoint`, the path without the service name).
     async fn get<T: DeserializeOwned>(
         &self,
+        endpoint: &str,
         path: &str,
         filter: Option<&str>,
         index: Option<u64>,
+        read: Read,
     ) -> Result<Indexed<T>, ConsulError> {
         let c = &self.inner;
         let mut query: Vec<(&str, String)> = Vec::new();
+        if let (Some(ms), Read::Stale) = (c.stale, read) {
+            // Any server answers; one that lost the leader for longer than this asks the
+            // leader itself.
+            query.push(("stale", String::new()));
+            query.push(("max_stale", format!("{ms}ms")));
+        }
         if let Some(dc) = &c.datacenter {
             query.push(("dc", dc.clone()));
         }
@@ -245,6 +274,7 @@ impl ConsulClient {
                 .token
                 .current()
                 .map_err(|e| ConsulError::Config(e.to_string()))?;
+            c.stats.request(endpoint, index.is_some());
             let (status, index, body) = self.send(path, &query, timeout, token.as_ref()).await?;
             if status == StatusCode::FORBIDDEN && attempt == 1 {
                 let now = c
@@ -310,6 +340,9 @@ impl ConsulClient {
         })?;
         let status = resp.status();
         let index = self.index_of(resp.headers(), path);
+        if status.is_success() {
+            self.freshness(resp.headers(), path);
+        }
         let body = c.http.body(resp).await.map_err(|e| match e {
             BodyError::TooLarge { .. } => ConsulError::TooLarge(e.to_string()),
             BodyError::Read { .. } => ConsulError::Unreachable {
@@ -320,18 +353,68 @@ impl ConsulClient {
         Ok((status, index, body))
     }
 
+    /// Records how far behind the leader the answering server was, and warns once when it
+    /// knows no leader (its answers may then be arbitrarily old).
+    fn freshness(&self, headers: &reqwest::header::HeaderMap, path: &str) {
+        let c = &self.inner;
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        if let Some(ms) = header("X-Consul-LastContact").and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            c.stats.last_contact(ms as f64 / 1000.0);
+        }
+        let leader = header("X-Consul-KnownLeader").is_none_or(|v| v.trim() != "false");
+        if !leader && !c.no_leader.swap(true, Ordering::Relaxed) {
+            tracing::warn!(addr = %c.base, path, "The Consul server that answered knows no leader: its answers may be old until the cluster elects one.");
+        } else if leader {
+            c.no_leader.store(false, Ordering::Relaxed);
+        }
+    }
+
     /// `/v1/catalog/services`: service name -> tags; blocking when `index` is set.
     pub async fn services(
         &self,
         index: Option<u64>,
     ) -> Result<Indexed<BTreeMap<String, Vec<String>>>, ConsulError> {
-        self.get("/v1/catalog/services", None, index).await
+        self.get(
+            "/v1/catalog/services",
+            "/v1/catalog/services",
+            None,
+            index,
+            Read::Stale,
+        )
+        .await
     }
 
-    /// `/v1/health/service/:name`: instances with node and checks.
+    /// `/v1/health/service/:name`: instances with node and checks, from the leader.
     pub async fn health(&self, name: &str) -> Result<Indexed<Vec<HealthEntry>>, ConsulError> {
         let path = format!("/v1/health/service/{}", encode_path(name));
-        self.get(&path, None, None).await
+        self.get(HEALTH, &path, None, None, Read::Leader).await
+    }
+
+    /// The same after a change at index `min` was seen on this service: from any server
+    /// (`--consul-stale`), and again from the leader when the server that answered had not
+    /// applied that change yet (its answer's index is below `min`), so a lagging follower
+    /// never hides a change.
+    pub async fn health_since(
+        &self,
+        name: &str,
+        min: u64,
+    ) -> Result<Indexed<Vec<HealthEntry>>, ConsulError> {
+        if self.inner.stale.is_none() {
+            return self.health(name).await;
+        }
+        let path = format!("/v1/health/service/{}", encode_path(name));
+        let r = self.get(HEALTH, &path, None, None, Read::Stale).await?;
+        if r.index >= min {
+            return Ok(r);
+        }
+        tracing::debug!(
+            service = name,
+            index = r.index,
+            min,
+            "A Consul server answered from before the change; reading from the leader."
+        );
+        self.health(name).await
     }
 
     /// The index of `/v1/health/service/:name` alone: it moves when anything of that service
@@ -340,9 +423,11 @@ impl ConsulClient {
         let path = format!("/v1/health/service/{}", encode_path(name));
         let r: Indexed<Vec<IgnoredAny>> = self
             .get(
+                HEALTH_INDEX,
                 &path,
                 Some(r#"Service.ID == "" and Service.ID != """#),
                 None,
+                Read::Leader,
             )
             .await?;
         Ok(r.index)
@@ -357,18 +442,79 @@ impl ConsulClient {
     ) -> Result<Indexed<Vec<CheckState>>, ConsulError> {
         self.get(
             "/v1/health/state/any",
+            "/v1/health/state/any",
             Some(r#"Status != "passing""#),
             index,
+            Read::Stale,
         )
         .await
     }
 
-    /// The index of every node (`/v1/catalog/nodes`), blocking when `index` is set.
-    pub async fn nodes_index(&self, index: Option<u64>) -> Result<u64, ConsulError> {
-        let r: Indexed<Vec<IgnoredAny>> =
-            self.get("/v1/catalog/nodes", Some(NOTHING), index).await?;
-        Ok(r.index)
+    /// Every node with the index of its last change (`/v1/catalog/nodes`), blocking when
+    /// `index` is set: comparing two answers names the nodes that changed.
+    pub async fn nodes(&self, index: Option<u64>) -> Result<Indexed<Vec<NodeState>>, ConsulError> {
+        self.get(
+            "/v1/catalog/nodes",
+            "/v1/catalog/nodes",
+            None,
+            index,
+            Read::Stale,
+        )
+        .await
     }
+
+    /// The names of the services with an instance on `node`
+    /// (`/v1/catalog/node-services/:node`): what a change of that node or of its node checks
+    /// touches.
+    pub async fn node_services(&self, node: &str) -> Result<Vec<String>, ConsulError> {
+        let path = format!("/v1/catalog/node-services/{}", encode_path(node));
+        let r: Indexed<NodeServices> = self
+            .get(NODE_SERVICES, &path, None, None, Read::Stale)
+            .await?;
+        Ok(r.value
+            .services
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| s.service)
+            .collect())
+    }
+}
+
+/// Where a read may be answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Read {
+    /// Any server when `--consul-stale` (blocking queries, which wait on a lagging server
+    /// until it passes the index sent, and reads checked against the index of the change).
+    Stale,
+    /// The leader (full lists and sweeps: what they read must not be older than what
+    /// caused them).
+    Leader,
+}
+
+/// One node of `/v1/catalog/nodes`, as far as changes go.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct NodeState {
+    /// Node name.
+    pub node: String,
+    /// Index of the node's last change (address, meta, tagged addresses).
+    #[serde(default)]
+    pub modify_index: u64,
+}
+
+/// The answer of `/v1/catalog/node-services/:node` (`null` fields for an unknown node).
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct NodeServices {
+    #[serde(default)]
+    services: Option<Vec<NodeService>>,
+}
+
+/// One instance of [`NodeServices`], as far as its service goes.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct NodeService {
+    service: String,
 }
 
 /// One check of `/v1/health/state/any`, as far as health goes.

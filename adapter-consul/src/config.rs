@@ -94,6 +94,25 @@ pub struct ConsulConfig {
     #[arg(long = "consul-wait", env = "MCP_CONSUL_WAIT", default_value = "5m", value_parser = parse::duration)]
     pub wait: Duration,
 
+    /// Read from any Consul server (`?stale`), not only the leader: reads and blocking queries
+    /// spread over the servers instead of all landing on the leader. Followers are usually
+    /// within milliseconds of the leader; `--consul-max-stale` bounds it. `false` reads from
+    /// the leader only (Consul's default mode).
+    #[arg(
+        long = "consul-stale",
+        env = "MCP_CONSUL_STALE",
+        action = clap::ArgAction::Set,
+        value_parser = parse::go_bool,
+        default_value = "true"
+    )]
+    pub stale: bool,
+
+    /// With `--consul-stale`: a server that lost contact with the leader for longer than this
+    /// passes the read on to the leader (Consul's `max_stale`). The staleness of each answer is
+    /// the `mcp_adapter_registry_staleness_seconds` gauge.
+    #[arg(long = "consul-max-stale", env = "MCP_CONSUL_MAX_STALE", default_value = "5s", value_parser = parse::duration)]
+    pub max_stale: Duration,
+
     /// Most requests in flight to Consul besides the three change watches (clamped to
     /// 1..=128): the agent refuses more than `limits.http_max_conns_per_client` (default 200)
     /// connections from one address with HTTP 429, so the adapter never opens more than this

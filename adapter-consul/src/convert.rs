@@ -1,7 +1,9 @@
 //! Consul health entries -> one model service, following what Consul users already know from
 //! Istio's old in-tree registry: host `<service>.service.consul`, labels from `ServiceMeta` and
 //! `key|value` tags, protocol from `ServiceMeta["protocol"]`, `ServiceMeta["external"]` for
-//! MESH_EXTERNAL, locality from the datacenter.
+//! MESH_EXTERNAL, locality from the datacenter. A plain tag (`v1`, `canary`) becomes the label
+//! [`TAG_LABEL_PREFIX`]`<tag>: "true"`, so a DestinationRule subset can select it; a tag that
+//! makes no valid label key is reported by the core's label check, not served.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -141,13 +143,22 @@ fn health(checks: &[Check]) -> Health {
         .unwrap_or(Health::Passing)
 }
 
-/// Labels of one instance: `key|value` and `key=value` tags, then meta (meta wins).
+/// The label a plain tag becomes, before the tag: `consul.hashicorp.com/tag-canary: "true"`.
+/// Consul's own domain as the prefix (like the `consul.hashicorp.com/service-name` annotation)
+/// keeps tags apart from `key|value` labels and meta; a tag of up to 59 characters that starts
+/// and ends with a letter or digit (and holds only those, `-`, `_` and `.`) is a valid key.
+pub const TAG_LABEL_PREFIX: &str = "consul.hashicorp.com/tag-";
+
+/// Labels of one instance: `key|value` and `key=value` tags, plain tags as
+/// [`TAG_LABEL_PREFIX`]`<tag>: "true"`, then meta (meta wins).
 fn labels(inst: &Instance) -> Labels {
     let mut out = Labels::new();
     for tag in inst.tags.iter().flatten() {
-        if let Some((k, v)) = tag.split_once('|').or_else(|| tag.split_once('=')) {
-            out.insert(k.to_string(), v.to_string());
-        }
+        match tag.split_once('|').or_else(|| tag.split_once('=')) {
+            Some((k, v)) => out.insert(k.to_string(), v.to_string()),
+            None if tag.is_empty() => continue,
+            None => out.insert(format!("{TAG_LABEL_PREFIX}{tag}"), "true".to_string()),
+        };
     }
     for (k, v) in inst.meta.iter().flatten() {
         out.insert(k.clone(), v.clone());
@@ -401,6 +412,11 @@ mod tests {
         assert_eq!(ep.labels.get("env"), Some("prod"));
         assert_eq!(ep.labels.get("protocol"), Some("http"));
         assert!(!ep.labels.contains_key("plain"));
+        assert_eq!(
+            ep.labels.get("consul.hashicorp.com/tag-plain"),
+            Some("true"),
+            "a plain tag is a label a subset can select"
+        );
         assert_eq!(ep.locality.as_deref(), Some("dc1"));
         assert_eq!(ep.weight, Some(3));
         assert_eq!(s.location, Location::Internal);

@@ -11,6 +11,7 @@ pub mod convert;
 #[cfg(test)]
 mod fake;
 pub mod registry;
+pub mod stats;
 pub mod watch;
 
 pub use config::ConsulConfig;

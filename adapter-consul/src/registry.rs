@@ -1,14 +1,24 @@
 //! Watches Consul with a fixed number of connections whatever the number of services.
 //!
 //! A watch starts with a full list (every service fetched with bounded concurrency) sent as one
-//! `Reset`. Then three blocking queries ([`crate::watch`]) say when something changed. A health
-//! change names its services (the list of non-passing checks differs), which are fetched; after
-//! a catalog or node change a *sweep* asks each service for its own `X-Consul-Index` (an empty
-//! answer) and fetches only those whose index moved. Each fetched service becomes an `Upsert`
-//! or `Remove`.
+//! `Reset`. Then three blocking queries ([`crate::watch`]) say when something changed, and the
+//! requests that follow are in proportion to what changed where Consul's answers say what:
 //!
-//! One open blocking query per service would need one connection per service, and Consul's
-//! agent answers HTTP 429 beyond `limits.http_max_conns_per_client` (200 by default).
+//! * a health change names its services (the list of non-passing checks differs): those are
+//!   fetched;
+//! * a catalog change adds, removes or retags names in the catalog's name -> tags map: the
+//!   wanted services it added or retagged are fetched at once, the removed ones removed, and a
+//!   filtered-out service costs nothing. When the index moved by exactly one (one Raft entry
+//!   since the last answer, so no other change can hide in the same answer) that is all;
+//! * anything else (several Raft entries between two answers, an instance change that leaves
+//!   the map as it was, a node change, a node check) cannot be pinned on services from what
+//!   Consul sent: a *sweep* asks each service for its own `X-Consul-Index` (an empty answer)
+//!   and fetches only those whose index moved. Consul offers no cheaper way to learn which
+//!   services moved short of one open blocking query per service, and its agent refuses more
+//!   than `limits.http_max_conns_per_client` (200) connections from one address.
+//!
+//! Each fetched service becomes an `Upsert` or `Remove`. Requests are counted by endpoint in
+//! `mcp_adapter_registry_requests_total`.
 //!
 //! A service that cannot be read is that service's problem: its last good state stays served,
 //! the failure is reported on its problems, and it is retried alone with its own backoff. Only
@@ -24,7 +34,7 @@ mod fetch;
 mod service;
 mod sweep;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use futures::stream::BoxStream;
@@ -33,7 +43,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::client::{CheckState, ConsulClient, ConsulError};
+use crate::client::{CheckState, ConsulClient, ConsulError, NodeState};
 use crate::config::{ConsulConfig, MAX_CONCURRENCY};
 use crate::convert::ConvertSettings;
 use crate::watch::{self, Kind, Signal};
@@ -104,6 +114,10 @@ impl Registry for ConsulRegistry {
         let inner = Arc::clone(&self.inner);
         channel_stream(move |tx| async move { inner.watch(tx).await.map_err(RegistryError::from) })
     }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        self.inner.client.stats().collectors()
+    }
 }
 
 impl Inner {
@@ -115,9 +129,12 @@ impl Inner {
         // The change indexes first: whatever changes after them is signalled.
         let checks = self.client.unhealthy_checks(None).await?;
         let mut unhealthy: BTreeSet<CheckState> = checks.value.into_iter().collect();
-        let nodes = self.client.nodes_index(None).await?;
+        let nodes = self.client.nodes(None).await?;
+        let mut node_indexes = node_map(nodes.value);
         let catalog = self.client.services(None).await?;
         let mut known = self.relist(&tx, catalog.value.keys()).await?;
+        let mut catalog_index = catalog.index;
+        let mut names = sorted_tags(catalog.value);
 
         let (sig_tx, mut signals) = mpsc::channel::<Signal>(16);
         // Dropping the set (when this function returns) stops the watches.
@@ -125,7 +142,7 @@ impl Inner {
         for (kind, index) in [
             (Kind::Catalog, catalog.index),
             (Kind::Checks, checks.index),
-            (Kind::Nodes, nodes),
+            (Kind::Nodes, nodes.index),
         ] {
             watches.spawn(watch::run(self.client.clone(), kind, index, sig_tx.clone()));
         }
@@ -146,34 +163,58 @@ impl Inner {
             let Some(first) = first else {
                 return Ok(());
             };
-            // Everything that queued meanwhile is covered by one sweep: of every service when
-            // the catalog or a node changed, else of the services whose health changed.
+            // Everything that queued meanwhile is covered at once: the services named by what
+            // changed (each with the index of the change that named it), the nodes whose
+            // services to name, or a sweep of every service when a change names nothing.
             let mut pending = vec![first];
             while let Ok(s) = signals.try_recv() {
                 pending.push(s);
             }
             let mut everything = false;
-            let mut named: BTreeSet<String> = BTreeSet::new();
+            let mut named: BTreeMap<String, u64> = BTreeMap::new();
+            let mut touched: BTreeMap<String, u64> = BTreeMap::new();
             for signal in pending {
                 match signal {
                     Signal::Failed(e) => return Err(e),
                     Signal::Catalog(c) => {
-                        everything = true;
-                        self.follow_catalog(&tx, &mut known, c.value.into_keys())
+                        let now = sorted_tags(c.value);
+                        let moved = changed_names(&names, &now);
+                        self.follow_catalog(&tx, &mut known, now.keys().cloned())
                             .await
                             .map_err(|_| ended())?;
+                        for n in moved.iter().filter(|n| known.contains_key(*n)) {
+                            name(&mut named, n, c.index);
+                        }
+                        // One Raft entry since the last answer, and these names are what it
+                        // changed: nothing else can hide in it. (A node deregistration, one
+                        // entry for many services, is also a node change: swept below.)
+                        if c.index != catalog_index.saturating_add(1) || moved.is_empty() {
+                            tracing::debug!(
+                                index = c.index,
+                                previous = catalog_index,
+                                moved = moved.len(),
+                                "Consul's catalog changed beyond what its list of services shows."
+                            );
+                            everything = true;
+                            if c.index < catalog_index {
+                                known.values_mut().for_each(|k| k.index = 0);
+                            }
+                        }
+                        catalog_index = c.index;
+                        names = now;
                     }
                     Signal::Checks {
                         unhealthy: now,
+                        index,
                         reset,
                     } => {
                         let now: BTreeSet<CheckState> = now.into_iter().collect();
                         for c in unhealthy.symmetric_difference(&now) {
                             if c.service_name.is_empty() {
                                 // A node check: every service of that node.
-                                everything = true;
-                            } else {
-                                named.insert(c.service_name.clone());
+                                name(&mut touched, &c.node, index);
+                            } else if known.contains_key(&c.service_name) {
+                                name(&mut named, &c.service_name, index);
                             }
                         }
                         unhealthy = now;
@@ -182,24 +223,95 @@ impl Inner {
                             known.values_mut().for_each(|k| k.index = 0);
                         }
                     }
-                    Signal::Changed { what, reset } => {
-                        tracing::debug!(watch = what, reset, "Consul changed.");
-                        everything = true;
+                    Signal::Nodes {
+                        nodes: now,
+                        index,
+                        reset,
+                    } => {
+                        let now = node_map(now);
+                        for (node, modified) in &node_indexes {
+                            match now.get(node) {
+                                // Its address or meta changed: its services.
+                                Some(m) if m != modified => name(&mut touched, node, index),
+                                Some(_) => {}
+                                // Gone with its instances, which the watch cannot name.
+                                None => everything = true,
+                            }
+                        }
+                        // A new node has no instances yet: they come as catalog changes.
+                        node_indexes = now;
                         if reset {
-                            // Indexes went backwards: per-service ones may collide with old
-                            // values, so fetch everything.
+                            everything = true;
                             known.values_mut().for_each(|k| k.index = 0);
                         }
                     }
                 }
             }
+            if !everything {
+                for (node, index) in &touched {
+                    match self.client.node_services(node).await {
+                        Ok(services) => {
+                            for s in services.iter().filter(|s| known.contains_key(*s)) {
+                                name(&mut named, s, *index);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(node = %node, error = %e, "Cannot list a Consul node's services; looking at every service.");
+                            everything = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            // The named services first: a registration reaches the sinks after one fetch even
+            // when a sweep must follow.
+            if !named.is_empty() {
+                self.sweep(&tx, &mut known, Some(&named)).await?;
+            }
             if everything {
                 self.sweep(&tx, &mut known, None).await?;
-            } else if !named.is_empty() {
-                self.sweep(&tx, &mut known, Some(&named)).await?;
             }
         }
     }
+}
+
+/// Records that `key` changed at `index` (the highest index wins).
+fn name(map: &mut BTreeMap<String, u64>, key: &str, index: u64) {
+    let e = map.entry(key.to_string()).or_insert(index);
+    *e = (*e).max(index);
+}
+
+/// Node name -> index of its last change.
+fn node_map(nodes: Vec<NodeState>) -> BTreeMap<String, u64> {
+    nodes
+        .into_iter()
+        .map(|n| (n.node, n.modify_index))
+        .collect()
+}
+
+/// The catalog's name -> tags map with each service's tags sorted (Consul's order is not
+/// promised), so that two answers compare by content.
+fn sorted_tags(mut map: BTreeMap<String, Vec<String>>) -> BTreeMap<String, Vec<String>> {
+    map.values_mut().for_each(|t| t.sort_unstable());
+    map
+}
+
+/// The names whose entry differs between two catalog maps: added, removed or retagged.
+fn changed_names(
+    before: &BTreeMap<String, Vec<String>>,
+    after: &BTreeMap<String, Vec<String>>,
+) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = before
+        .keys()
+        .filter(|n| !after.contains_key(*n))
+        .cloned()
+        .collect();
+    for (name, tags) in after {
+        if before.get(name) != Some(tags) {
+            out.insert(name.clone());
+        }
+    }
+    out
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -297,6 +409,76 @@ mod tests {
                 Some("1")
             );
         }
+    }
+
+    /// Stale reads are the default for blocking queries and for fetches named by a change
+    /// (any server answers, bounded by `max_stale`); such a fetch answered from before the
+    /// change is read again from the leader; sweeps read from the leader; `--consul-stale
+    /// false` reads everything from the leader. Requests are counted by endpoint.
+    #[tokio::test]
+    async fn stale_reads_where_safe_and_requests_counted() {
+        let fake = FakeConsul::start(|r| match r.param("stale") {
+            // A follower a little behind the leader.
+            Some(_) => Reply::ok(5, "[]"),
+            None => Reply::ok(9, "[]"),
+        })
+        .await;
+        let client = ConsulClient::new(&config(&fake, &[]), None).expect("client");
+        client.unhealthy_checks(Some(3)).await.expect("request");
+        let sent = &fake.requests()[0];
+        assert_eq!(sent.param("stale").as_deref(), Some(""), "{sent:?}");
+        assert_eq!(
+            sent.param("max_stale").as_deref(),
+            Some("5000ms"),
+            "{sent:?}"
+        );
+
+        assert_eq!(client.health_since("web", 5).await.expect("read").index, 5);
+        assert_eq!(fake.requests().len(), 2, "fresh enough: one request");
+        assert_eq!(client.health_since("web", 7).await.expect("read").index, 9);
+        let sent = fake.requests();
+        assert_eq!(sent.len(), 4, "behind the change: read again");
+        assert_eq!(
+            sent[3].param("stale"),
+            None,
+            "from the leader: {:?}",
+            sent[3]
+        );
+        client.health_index("web").await.expect("request");
+        assert_eq!(
+            fake.requests()[4].param("stale"),
+            None,
+            "sweeps read the leader"
+        );
+        assert_eq!(client.stats().count(crate::client::HEALTH, "read"), 3);
+        assert_eq!(client.stats().count(crate::client::HEALTH_INDEX, "read"), 1);
+        assert_eq!(
+            client.stats().count("/v1/health/state/any", "watch"),
+            1,
+            "a blocking query is a watch"
+        );
+
+        let leader =
+            ConsulClient::new(&config(&fake, &["--consul-stale", "false"]), None).expect("client");
+        leader.unhealthy_checks(Some(3)).await.expect("request");
+        leader.health_since("web", 9).await.expect("request");
+        for sent in &fake.requests()[5..] {
+            assert_eq!(sent.param("stale"), None, "{sent:?}");
+            assert_eq!(sent.param("max_stale"), None, "{sent:?}");
+        }
+    }
+
+    #[test]
+    fn a_catalog_diff_names_added_removed_and_retagged_services() {
+        let map = |e: &[(&str, &[&str])]| -> BTreeMap<String, Vec<String>> {
+            e.iter()
+                .map(|(n, t)| (n.to_string(), t.iter().map(|t| t.to_string()).collect()))
+                .collect()
+        };
+        let before = sorted_tags(map(&[("a", &["x", "y"]), ("b", &[]), ("c", &["v1"])]));
+        let after = sorted_tags(map(&[("a", &["y", "x"]), ("c", &["v2"]), ("d", &[])]));
+        let moved: Vec<String> = changed_names(&before, &after).into_iter().collect();
+        assert_eq!(moved, ["b", "c", "d"], "tag order is no change");
     }
 
     #[test]

@@ -2,17 +2,16 @@
 //! they follow.
 //!
 //! Three queries stay open: the catalog's service list (registrations, tags), the checks that are
-//! not passing (health changes), and every node (node addresses; a filter that matches nothing
-//! makes that answer `[]` plus the index). A health change names its services (the list of
-//! unhealthy checks differs); for the others [`crate::registry`] finds *which* services changed
-//! by their own index.
+//! not passing (health changes), and every node with the index of its last change (node
+//! addresses). Each answer says what changed when compared with the one before:
+//! [`crate::registry`] does that and reads what it names.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::client::{CheckState, ConsulClient, ConsulError, Indexed};
+use crate::client::{CheckState, ConsulClient, ConsulError, Indexed, NodeState};
 
 /// Rate limit of one blocking-query loop (Consul's advice): a burst of [`BURST`] queries, then
 /// one per [`REFILL`]. An isolated change is seen at once; a Consul that changes all the time
@@ -76,13 +75,17 @@ pub enum Signal {
     Checks {
         /// The checks now.
         unhealthy: Vec<CheckState>,
+        /// Their index.
+        index: u64,
         /// The index went backwards.
         reset: bool,
     },
-    /// Something of the kind changed (the index moved); `reset` when it went backwards.
-    Changed {
-        /// Which watch.
-        what: &'static str,
+    /// Every node, after a node changed.
+    Nodes {
+        /// The nodes now.
+        nodes: Vec<NodeState>,
+        /// Their index.
+        index: u64,
         /// The index went backwards: every per-service index is suspect.
         reset: bool,
     },
@@ -120,15 +123,23 @@ pub async fn run(client: ConsulClient, kind: Kind, mut index: u64, tx: mpsc::Sen
             Kind::Catalog => client
                 .services(Some(index))
                 .await
-                .map(|c| (c.index, Some(Signal::Catalog(c)))),
+                .map(|c| (c.index, Signal::Catalog(c))),
             Kind::Checks => client.unhealthy_checks(Some(index)).await.map(|c| {
                 let signal = Signal::Checks {
                     unhealthy: c.value,
+                    index: c.index,
                     reset: c.index < index,
                 };
-                (c.index, Some(signal))
+                (c.index, signal)
             }),
-            Kind::Nodes => client.nodes_index(Some(index)).await.map(|i| (i, None)),
+            Kind::Nodes => client.nodes(Some(index)).await.map(|n| {
+                let signal = Signal::Nodes {
+                    nodes: n.value,
+                    index: n.index,
+                    reset: n.index < index,
+                };
+                (n.index, signal)
+            }),
         };
         let (returned, signal) = match answer {
             Ok(a) => a,
@@ -142,16 +153,11 @@ pub async fn run(client: ConsulClient, kind: Kind, mut index: u64, tx: mpsc::Sen
             index = returned,
             "Consul answered a blocking query."
         );
-        let reset = returned < index;
         let (next, changed) = next_index(index, returned);
         index = next;
         if !changed {
             continue;
         }
-        let signal = signal.unwrap_or(Signal::Changed {
-            what: kind.name(),
-            reset,
-        });
         if tx.send(signal).await.is_err() {
             return;
         }

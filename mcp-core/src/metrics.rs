@@ -249,6 +249,14 @@ impl Metrics {
         })
     }
 
+    /// Adds a registry's own metric ([`crate::Registry::collectors`]) to those rendered.
+    pub fn register(
+        &self,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> Result<(), prometheus::Error> {
+        self.registry.register(collector)
+    }
+
     /// Text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -103,6 +103,13 @@ pub trait Registry: Send + Sync + 'static {
     /// Watch the registry. The stream must start with a `Reset`; after an error item the core
     /// backs off and calls `watch` again.
     fn watch(&self) -> BoxStream<'static, Result<RegistryEvent, RegistryError>>;
+
+    /// The registry's own metrics (named `mcp_adapter_*`; the `registry` label is added), served
+    /// with the core's on /metrics: what only the adapter can count, such as its requests to
+    /// the registry. None by default.
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        Vec::new()
+    }
 }
 
 /// Where a [`channel_stream`] body sends its events.

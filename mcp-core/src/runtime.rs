@@ -220,6 +220,9 @@ async fn bind_shards(
 /// Binds both ports and starts the registry watch, the gRPC server and the admin server.
 pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running, RunError> {
     let metrics = Metrics::new(R::NAME)?;
+    for collector in registry.collectors() {
+        metrics.register(collector)?;
+    }
     let source = args
         .source_name
         .clone()

@@ -709,3 +709,174 @@ fn virtual_ips_never_move_and_replicas_started_later_agree() {
         assert!(!problems.contains("no free address"), "{problems}");
     }
 }
+
+/// Requests to Consul counted by the adapter, by endpoint and mode (`watch` or `read`).
+fn requests(a: &Adapter, endpoint: &str, mode: &str) -> f64 {
+    a.metric_with(
+        "mcp_adapter_registry_requests_total",
+        &format!("endpoint=\"{endpoint}\",mode=\"{mode}\""),
+    )
+}
+
+/// Every read (not blocking) request so far.
+fn reads(a: &Adapter) -> f64 {
+    a.metric_with("mcp_adapter_registry_requests_total", "mode=\"read\"")
+}
+
+/// Waits until the adapter sends no more reads (a change seen while it started is swept).
+fn settled(a: &Adapter) {
+    let mut last = reads(a);
+    wait_for(Duration::from_secs(30), "no more reads", || {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = reads(a);
+        std::mem::replace(&mut last, now).eq(&now).then_some(())
+    });
+}
+
+/// #22 item 9: a change costs requests in proportion to what changed, not to the number of
+/// services; plain tags are labels; stale reads are on with their gauge.
+#[test]
+#[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
+fn a_change_costs_requests_in_proportion_to_what_changed() {
+    const N: usize = 300;
+    const FETCH: &str = "/v1/health/service/:name";
+    const LOOK: &str = "/v1/health/service/:name?index-only";
+    const NODE_SERVICES: &str = "/v1/catalog/node-services/:node";
+    // The agent's network coordinates are Raft entries too (one every 15-30 s): one landing
+    // between two catalog answers makes the second change swept (adapter-consul's README).
+    // Off here, so that what one registration costs is what is measured, every run.
+    let consul = Consul::start(Some("disable_coordinates = true"));
+    consul.register_bulk(&bulk(N, 1));
+    let a = adapter(
+        &consul,
+        &["--exclude-service", "cons*,hidden*"],
+        &[("RUST_LOG", "info,adapter_consul=debug")],
+    );
+    let xds = a.xds_url();
+    wait_for(Duration::from_secs(60), "every service served", || {
+        (a.metric("mcp_adapter_resources") >= N as f64).then_some(())
+    });
+    a.wait_ready();
+    assert_eq!(requests(&a, FETCH, "read"), N as f64, "the first list");
+    settled(&a);
+    let metrics = a.get("/metrics").1;
+    assert!(
+        metrics.contains("mcp_adapter_registry_staleness_seconds{"),
+        "stale reads report their staleness:\n{metrics}"
+    );
+
+    // Nothing changes: no request beyond the open blocking queries.
+    let before = reads(&a);
+    a.assert_steady(Duration::from_secs(2));
+    assert_eq!(
+        reads(&a),
+        before,
+        "reads while nothing changed; log:\n{}",
+        a.log_tail()
+    );
+
+    // The agent's own start-up wrote Raft entries after the adapter's first list: the first
+    // catalog change cannot be pinned on one entry, and is swept.
+    consul.register(&Registration::new(
+        &node_of(2, 0),
+        "warm-up",
+        "warm-up-0",
+        "10.200.0.3",
+        8080,
+    ));
+    until("warm-up served", &xds, |i| find(i, "warm-up").is_some());
+    settled(&a);
+    let before = reads(&a);
+    let fetched = requests(&a, FETCH, "read");
+
+    // A filtered-out registration costs nothing; the next (wanted) one costs one fetch.
+    let looks = requests(&a, LOOK, "read");
+    let catalog_watches = requests(&a, "/v1/catalog/services", "watch");
+    consul.register(&Registration::new(
+        &node_of(0, 0),
+        "hidden-1",
+        "hidden-1-0",
+        "10.200.0.1",
+        8080,
+    ));
+    // The catalog watch answered it and waits again before the next change is made (one
+    // change per answer).
+    wait_for(
+        Duration::from_secs(20),
+        "the catalog watch re-armed",
+        || (requests(&a, "/v1/catalog/services", "watch") > catalog_watches).then_some(()),
+    );
+    consul.register(
+        &Registration::new(&node_of(1, 0), "fresh", "fresh-0", "10.200.0.2", 8080)
+            .protocol("http")
+            .tags(&["v1", "canary", "not a label!"]),
+    );
+    let items = until("fresh served", &xds, |i| find(i, "fresh").is_some());
+    let labels = first_labels(find(&items, "fresh").expect("fresh"));
+    assert_eq!(labels["consul.hashicorp.com/tag-v1"], "true", "{labels:?}");
+    assert_eq!(
+        labels["consul.hashicorp.com/tag-canary"], "true",
+        "{labels:?}"
+    );
+    // A tag that makes no valid label key is reported, not served.
+    assert!(
+        !labels.keys().any(|k| k.contains("not a label")),
+        "{labels:?}"
+    );
+    assert!(
+        a.metric_with("mcp_adapter_translation_warnings_total", "kind=\"label\"") >= 1.0,
+        "{}",
+        a.log_tail()
+    );
+    assert!(
+        a.log().contains("consul.hashicorp.com/tag-not a label!"),
+        "the warning names the tag: {}",
+        a.log_tail()
+    );
+    assert!(find(&items, "hidden-1").is_none());
+    assert_eq!(
+        (
+            requests(&a, FETCH, "read"),
+            requests(&a, LOOK, "read"),
+            reads(&a)
+        ),
+        (fetched + 1.0, looks, before + 1.0),
+        "two registrations at {N} services: one fetch (the wanted one), no sweep; log:\n{}",
+        a.log_tail()
+    );
+
+    // A health change on one instance re-reads that service alone.
+    let before = reads(&a);
+    consul.set_check(&node_of(7, 0), "svc-7-0", "critical");
+    until("svc-7 without endpoints", &xds, |i| {
+        find(i, "svc-7").is_some_and(|s| addresses(s).is_empty())
+    });
+    assert_eq!(reads(&a), before + 1.0, "one fetch for one health change");
+    assert_eq!(requests(&a, LOOK, "read"), looks, "no sweep");
+
+    // A node check fails: the services of that node (three of them) are listed and fetched.
+    let before = reads(&a);
+    let listed = requests(&a, NODE_SERVICES, "read");
+    let node = node_of(5, 0);
+    let check = serde_json::json!({
+        "Node": node, "Address": "10.255.0.1", "SkipNodeUpdate": true,
+        "Check": {"CheckID": "node-down", "Name": "node down", "Status": "critical"},
+    });
+    consul.must("PUT", "/v1/catalog/register", &check.to_string());
+    until("the node's services without endpoints", &xds, |i| {
+        [5, 105, 205]
+            .iter()
+            .all(|s| find(i, &format!("svc-{s}")).is_some_and(|s| addresses(s).is_empty()))
+    });
+    assert_eq!(
+        (requests(&a, NODE_SERVICES, "read"), reads(&a)),
+        (listed + 1.0, before + 4.0),
+        "one list of the node's services, three fetches; log:\n{}",
+        a.log_tail()
+    );
+    assert_eq!(requests(&a, LOOK, "read"), looks, "no sweep");
+
+    let before = reads(&a);
+    a.assert_steady(Duration::from_secs(3));
+    assert_eq!(reads(&a), before, "reads while nothing changed");
+}

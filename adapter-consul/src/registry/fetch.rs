@@ -19,20 +19,39 @@ pub(super) enum Looked {
     Fetched(Indexed<Vec<HealthEntry>>),
 }
 
+/// How to look at one service.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum How {
+    /// Compare its own index with the one last fetched (0: fetch it), from the leader.
+    Compare(u64),
+    /// Fetch it from the leader.
+    Fetch,
+    /// Fetch it after a change at this index named it: from any server, checked against it.
+    Since(u64),
+}
+
 /// What looking at some services found, per service name.
 pub(super) type Results = Vec<(String, Result<Looked, ConsulError>)>;
 
 impl Inner {
     /// Looks at every named service with bounded concurrency: a service whose own index did
     /// not move costs one request with an empty answer; a changed one is fetched.
-    pub(super) async fn look(&self, names: Vec<(String, u64)>) -> Results {
+    pub(super) async fn look(&self, names: Vec<(String, How)>) -> Results {
         stream::iter(names)
-            .map(|(name, old)| {
+            .map(|(name, how)| {
                 let client = self.client.clone();
                 async move {
                     let r = async {
-                        if old != 0 && client.health_index(&name).await? == old {
-                            return Ok(Looked::Unchanged);
+                        match how {
+                            How::Compare(old) => {
+                                if old != 0 && client.health_index(&name).await? == old {
+                                    return Ok(Looked::Unchanged);
+                                }
+                            }
+                            How::Since(min) => {
+                                return Ok(Looked::Fetched(client.health_since(&name, min).await?))
+                            }
+                            How::Fetch => {}
                         }
                         Ok(Looked::Fetched(client.health(&name).await?))
                     }

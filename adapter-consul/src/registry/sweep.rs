@@ -5,31 +5,31 @@
 //! Apart from the watch loop ([`super`]) that says *when* something changed, and from what is
 //! done with each service read ([`super::service`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use mcp_core::{EventSender, RegistryError, RegistryEvent, ServiceKey};
 use tokio::time::Instant;
 
-use super::fetch::Looked;
+use super::fetch::{How, Looked};
 use super::service::{ServiceState, SCOPE_PREFIX};
 use super::{ended, Inner};
 use crate::client::ConsulError;
 
 impl Inner {
     /// Sweeps the services due for a look (not waiting for a retry), or fetches the `named`
-    /// ones (their health changed), and applies what changed.
+    /// ones (each with the index of the change that named it), and applies what changed.
     pub(super) async fn sweep(
         &self,
         tx: &EventSender,
         known: &mut HashMap<String, ServiceState>,
-        named: Option<&BTreeSet<String>>,
+        named: Option<&BTreeMap<String, u64>>,
     ) -> Result<(), ConsulError> {
-        let due: Vec<(String, u64)> = known
+        let due: Vec<(String, How)> = known
             .iter()
             .filter(|(_, k)| k.retry.is_none())
             .filter_map(|(n, k)| match named {
-                None => Some((n.clone(), k.index)),
-                Some(names) => names.contains(n).then(|| (n.clone(), 0)),
+                None => Some((n.clone(), How::Compare(k.index))),
+                Some(names) => names.get(n).map(|i| (n.clone(), How::Since(*i))),
             })
             .collect();
         let started = std::time::Instant::now();
@@ -63,10 +63,10 @@ impl Inner {
         known: &mut HashMap<String, ServiceState>,
     ) -> Result<(), ConsulError> {
         let now = Instant::now();
-        let due: Vec<(String, u64)> = known
+        let due: Vec<(String, How)> = known
             .iter()
             .filter(|(_, k)| k.retry.as_ref().is_some_and(|r| r.at <= now))
-            .map(|(n, _)| (n.clone(), 0))
+            .map(|(n, _)| (n.clone(), How::Fetch))
             .collect();
         for (name, r) in self.look(due).await {
             let Some(k) = known.get_mut(&name) else {
@@ -133,7 +133,7 @@ impl Inner {
             .collect();
         tracing::info!(addr = %self.client.addr(), services = known.len(), "Listing Consul services.");
         let started = std::time::Instant::now();
-        let names = known.keys().map(|n| (n.clone(), 0)).collect();
+        let names = known.keys().map(|n| (n.clone(), How::Fetch)).collect();
         let results = self.look(names).await;
         if let Some(e) = Self::all_unreachable(&results) {
             return Err(e);
