@@ -38,6 +38,7 @@ pub struct ConsulConfig {
     #[arg(
         long = "consul-http-ssl-verify",
         env = "CONSUL_HTTP_SSL_VERIFY",
+        action = clap::ArgAction::Set,
         value_parser = parse::go_bool,
         default_value = "true"
     )]
@@ -158,9 +159,36 @@ impl mcp_core::entry::AdapterConfig for ConsulConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::FromArgMatches;
 
     #[test]
     fn flags_are_consistent() {
         mcp_core::entry::command::<ConsulConfig>().debug_assert();
+    }
+
+    /// The boolean flags take Go's boolean values as the consul CLI's environment variables do
+    /// (`--consul-http-ssl-verify false`), and default as documented.
+    #[test]
+    fn boolean_flags_take_a_value() {
+        let parse = |args: &[&str]| {
+            let m = mcp_core::entry::command::<ConsulConfig>()
+                .try_get_matches_from(std::iter::once("adapter-consul").chain(args.iter().copied()))
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            ConsulConfig::from_arg_matches(&m).expect("config")
+        };
+        let c = parse(&[]);
+        assert!(c.ssl_verify && c.stale && c.ssl.is_none());
+        let c = parse(&[
+            "--consul-http-ssl-verify",
+            "false",
+            "--consul-stale",
+            "0",
+            "--consul-http-ssl",
+            "t",
+        ]);
+        assert!(!c.ssl_verify && !c.stale);
+        assert_eq!(c.ssl, Some(true));
+        let c = parse(&["--consul-http-ssl-verify", "1"]);
+        assert!(c.ssl_verify);
     }
 }
