@@ -407,6 +407,33 @@ impl<'a> Reader<'a> {
         Ok((dirs, problems))
     }
 
+    /// When ZooKeeper created `path` (`czxid`), if `needed`. Right after a listing that recorded
+    /// the directory's stamp (`just_listed` under [`Stamping::Before`] or [`Stamping::Keep`]) it
+    /// comes from that stamp; otherwise it costs one `exists`. `None` if it cannot be read.
+    async fn czxid(
+        &self,
+        path: &str,
+        needed: bool,
+        just_listed: bool,
+    ) -> Result<Option<i64>, RegistryError> {
+        if !needed {
+            return Ok(None);
+        }
+        if just_listed && self.stamping != Stamping::Forget {
+            if let Some(Some(stamp)) = self.stamp(path) {
+                return Ok(Some(stamp.czxid));
+            }
+        }
+        match self
+            .op(Req::Exists, path, self.zk.exists(path, false))
+            .await
+        {
+            Ok(Some(Some(stat))) => Ok(Some(stat.czxid)),
+            Ok(_) | Err(OpError::Skip(_)) => Ok(None),
+            Err(OpError::Fatal(e)) => Err(e),
+        }
+    }
+
     /// Reads what may have changed in one directory, re-arming as it reads: everything when
     /// `full`, else only what has no armed watch (a watch that fired is disarmed, a new child
     /// has none); what is still watched is as `old` holds it. Returns the watches it armed.
@@ -421,32 +448,26 @@ impl<'a> Reader<'a> {
         let known = old.filter(|_| !full && self.armed.contains(&child_key(&path)));
         // When ZooKeeper created the directory (`czxid`): read once, and again on a full read
         // (it may have been deleted and created again unseen). Unreadable: undated for now.
-        let czxid = if full || old.is_none_or(|o| !o.dated()) {
-            match self
-                .op(Req::Exists, &path, self.zk.exists(&path, false))
-                .await
-            {
-                Ok(Some(Some(stat))) => Some(stat.czxid),
-                Ok(_) | Err(OpError::Skip(_)) => None,
-                Err(OpError::Fatal(e)) => return Err(e),
+        let dating = full || old.is_none_or(|o| !o.dated());
+        let (shape, listed) = match known.map(|o| &o.held) {
+            Some(Held::Nothing) => {
+                let czxid = self.czxid(&path, dating, false).await?;
+                return Ok((Read::Unchanged, newly, czxid));
             }
-        } else {
-            None
-        };
-        let shape = match known.map(|o| &o.held) {
-            Some(Held::Nothing) => return Ok((Read::Unchanged, newly, czxid)),
-            Some(Held::Providers) => Shape::Dubbo { providers: true },
-            Some(Held::Instances(m)) => Shape::Curator(m.keys().cloned().collect()),
+            Some(Held::Providers) => (Shape::Dubbo { providers: true }, false),
+            Some(Held::Instances(m)) => (Shape::Curator(m.keys().cloned().collect()), false),
             None => match self.children(&path, &mut newly, self.stamping).await {
-                Ok(Some(children)) => shape(dir, children),
+                Ok(Some(children)) => (shape(dir, children), true),
                 Ok(None) => return Ok((Read::Gone, newly, None)),
                 Err(OpError::Fatal(e)) => return Err(e),
                 Err(OpError::Skip(p)) => {
                     let read = Read::from(DirState::unreadable(dir.scope(false), p));
+                    let czxid = self.czxid(&path, dating, false).await?;
                     return Ok((read, newly, czxid));
                 }
             },
         };
+        let czxid = self.czxid(&path, dating, listed).await?;
         let read = match shape {
             Shape::Reserved => Read::from(DirState::nothing(dir.scope(false))),
             Shape::Dubbo { providers: false } => Read::from(DirState::nothing(dir.scope(true))),
