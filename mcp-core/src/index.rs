@@ -900,13 +900,10 @@ mod tests {
     /// changes moves its name between shards), each shard's version that of a fresh build.
     #[test]
     fn incremental_flushes_match_a_rebuild() {
-        struct Rng(u64);
+        struct Rng(crate::testing::Rng);
         impl Rng {
             fn below(&mut self, n: u64) -> u64 {
-                self.0 ^= self.0 << 13;
-                self.0 ^= self.0 >> 7;
-                self.0 ^= self.0 << 17;
-                self.0 % n
+                self.0.below(n)
             }
             fn key(&mut self) -> String {
                 let i = self.below(80);
@@ -921,7 +918,7 @@ mod tests {
                 s
             }
         }
-        let mut rng = Rng(0x853c_49e6_748f_ea9b);
+        let mut rng = Rng(crate::testing::Rng(0x853c_49e6_748f_ea9b));
         let valid = |s: &Service| s.ports[0].name != "Not Valid";
         let mut idx = mk_index();
         let mut sharded = Index::with_shards(

@@ -202,3 +202,18 @@ pub fn filled_service_entry() -> ServiceEntry {
         }),
     }
 }
+
+/// A small deterministic pseudo-random generator (xorshift64) for tests that replay long random
+/// histories: the same seed gives the same history on every run, with no dependency.
+#[derive(Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}

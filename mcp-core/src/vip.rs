@@ -382,15 +382,7 @@ mod tests {
         assert!(!needs_vip(&passthrough));
     }
 
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
+    use crate::testing::Rng;
 
     fn key(i: u64) -> ServiceKey {
         ServiceKey::new(format!("s{i}"))
