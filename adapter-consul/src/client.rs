@@ -37,6 +37,17 @@ pub enum ConsulError {
         /// What failed.
         message: String,
     },
+    /// Consul's agent refused a connection: more than its `limits.http_max_conns_per_client`
+    /// from this address. It answers such a connection with HTTP 429 and closes it, often
+    /// before the request is sent, so the client sees a response it did not ask for. Consul
+    /// is up: this is not the registry failing.
+    #[error("consul at {addr} refused a connection: too many connections from this address (its limits.http_max_conns_per_client; several clients behind one address share it): {message}")]
+    Refused {
+        /// Base address.
+        addr: String,
+        /// What was seen.
+        message: String,
+    },
     /// Consul refused the token.
     #[error("consul refused {path} (HTTP 403): the ACL token is missing, unknown or lacks service:read/node:read; consul said: {body}")]
     AccessDenied {
@@ -159,7 +170,7 @@ impl ConsulClient {
         let mut settings = cfg.tls.settings();
         settings.capath = cfg.capath.clone();
         settings.verify = cfg.ssl_verify;
-        settings.max_idle = concurrency + WATCHES;
+        settings.max_idle = concurrency + WATCHES + cfg.service_watches;
         settings.max_response = cfg.response.max_response_size;
         if let Some(name) = &cfg.tls_server_name {
             // Verify `name` while connecting to the configured address: ask for `name` and
@@ -235,6 +246,20 @@ impl ConsulClient {
         index: Option<u64>,
         read: Read,
     ) -> Result<Indexed<T>, ConsulError> {
+        self.get_in(endpoint, path, filter, index, read, Lane::Bounded)
+            .await
+    }
+
+    /// [`Self::get`] in a given [`Lane`].
+    async fn get_in<T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        path: &str,
+        filter: Option<&str>,
+        index: Option<u64>,
+        read: Read,
+        lane: Lane,
+    ) -> Result<Indexed<T>, ConsulError> {
         let c = &self.inner;
         let mut query: Vec<(&str, String)> = Vec::new();
         if let (Some(ms), Read::Stale) = (c.stale, read) {
@@ -275,7 +300,9 @@ impl ConsulClient {
                 .current()
                 .map_err(|e| ConsulError::Config(e.to_string()))?;
             c.stats.request(endpoint, index.is_some());
-            let (status, index, body) = self.send(path, &query, timeout, token.as_ref()).await?;
+            let (status, index, body) = self
+                .send(path, &query, timeout, token.as_ref(), lane)
+                .await?;
             if status == StatusCode::FORBIDDEN && attempt == 1 {
                 let now = c
                     .token
@@ -295,6 +322,12 @@ impl ConsulClient {
             return Err(ConsulError::AccessDenied {
                 path: path.to_string(),
                 body: quoted_body(&body),
+            });
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            return Err(ConsulError::Refused {
+                addr: c.base.clone(),
+                message: format!("HTTP 429: {}", quoted_body(&body)),
             });
         }
         if !status.is_success() {
@@ -318,6 +351,7 @@ impl ConsulClient {
         query: &[(&str, String)],
         timeout: Duration,
         token: Option<&Secret>,
+        lane: Lane,
     ) -> Result<(StatusCode, u64, bytes::Bytes), ConsulError> {
         let c = &self.inner;
         let mut req = c
@@ -329,14 +363,30 @@ impl ConsulClient {
         if let Some(t) = token {
             req = req.header("X-Consul-Token", t.expose());
         }
-        let _permit = c
-            .in_flight
-            .acquire()
-            .await
-            .map_err(|_| ConsulError::Config("client closed".into()))?;
-        let resp = req.send().await.map_err(|e| ConsulError::Unreachable {
-            addr: c.base.clone(),
-            message: error_chain(&e),
+        let _permit = match lane {
+            Lane::Bounded => Some(
+                c.in_flight
+                    .acquire()
+                    .await
+                    .map_err(|_| ConsulError::Config("client closed".into()))?,
+            ),
+            Lane::ServiceWatch => None,
+        };
+        let resp = req.send().await.map_err(|e| {
+            let message = error_chain(&e);
+            // hyper's words for bytes that arrived on a connection with no request on it:
+            // the agent's 429 for a connection over its limit.
+            if message.contains("unexpected message") {
+                ConsulError::Refused {
+                    addr: c.base.clone(),
+                    message,
+                }
+            } else {
+                ConsulError::Unreachable {
+                    addr: c.base.clone(),
+                    message,
+                }
+            }
         })?;
         let status = resp.status();
         let index = self.index_of(resp.headers(), path);
@@ -417,6 +467,27 @@ impl ConsulClient {
         self.health(name).await
     }
 
+    /// `/v1/health/service/:name` as a blocking query from `index`: one service's own watch
+    /// (`--consul-service-watches`), answered by any server under `--consul-stale` (a lagging
+    /// one waits until it passes `index`). Outside the cap on requests in flight: the registry
+    /// bounds how many are open, and a watch must never wait behind a sweep.
+    pub async fn health_watch(
+        &self,
+        name: &str,
+        index: u64,
+    ) -> Result<Indexed<Vec<HealthEntry>>, ConsulError> {
+        let path = format!("/v1/health/service/{}", encode_path(name));
+        self.get_in(
+            HEALTH,
+            &path,
+            None,
+            Some(index),
+            Read::Stale,
+            Lane::ServiceWatch,
+        )
+        .await
+    }
+
     /// The index of `/v1/health/service/:name` alone: it moves when anything of that service
     /// changes (an instance, a check, its node), so comparing it says whether to fetch it.
     pub async fn health_index(&self, name: &str) -> Result<u64, ConsulError> {
@@ -478,6 +549,15 @@ impl ConsulClient {
             .map(|s| s.service)
             .collect())
     }
+}
+
+/// Which cap a request counts against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    /// `--consul-concurrency` + the three change watches.
+    Bounded,
+    /// One service's own blocking query, bounded by `--consul-service-watches`.
+    ServiceWatch,
 }
 
 /// Where a read may be answered.

@@ -124,6 +124,21 @@ pub struct ConsulConfig {
         default_value_t = 32
     )]
     pub concurrency: usize,
+
+    /// Services that each hold their own blocking query on `/v1/health/service/<name>`: an
+    /// instance added, removed or changed in one of them costs that one answer, with no sweep.
+    /// Each is one connection, on top of `--consul-concurrency` + 3: the default keeps the
+    /// total (99) at half the agent's `limits.http_max_conns_per_client` (200 from one address,
+    /// shared with any other client there). Services beyond it are swept when the catalog
+    /// changes in a way its list of services does not name. Raise Consul's limit with this one
+    /// for large catalogs; 0 sweeps every service. When the agent refuses a connection
+    /// anyway, a quarter of the watches are given up until the next re-list.
+    #[arg(
+        long = "consul-service-watches",
+        env = "MCP_CONSUL_SERVICE_WATCHES",
+        default_value_t = 64
+    )]
+    pub service_watches: usize,
 }
 
 mcp_core::filter_names!(

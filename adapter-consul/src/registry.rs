@@ -1,36 +1,47 @@
-//! Watches Consul with a fixed number of connections whatever the number of services.
+//! Watches Consul with a bounded number of connections whatever the number of services.
 //!
 //! A watch starts with a full list (every service fetched with bounded concurrency) sent as one
-//! `Reset`. Then three blocking queries ([`crate::watch`]) say when something changed, and the
-//! requests that follow are in proportion to what changed where Consul's answers say what:
+//! `Reset`. Then up to `--consul-service-watches` services (64 by default) each hold a
+//! blocking query of their own ([`own_watch`]): its answer *is* that service's change (an
+//! instance added, removed or changed, a check, its node), one request per change. Three more
+//! blocking queries ([`crate::watch`]) say when something else changed, and the requests that
+//! follow are in proportion to what changed where Consul's answers say what:
 //!
-//! * a health change names its services (the list of non-passing checks differs): those are
-//!   fetched;
+//! * a health change names its services (the list of non-passing checks differs): those not
+//!   watched are fetched;
 //! * a catalog change adds, removes or retags names in the catalog's name -> tags map: the
-//!   wanted services it added or retagged are fetched at once, the removed ones removed, and a
-//!   filtered-out service costs nothing. When the index moved by exactly one (one Raft entry
-//!   since the last answer, so no other change can hide in the same answer) that is all;
+//!   wanted services it added are fetched at once (and get a watch when there is room), the
+//!   retagged ones not watched fetched, the removed ones removed, and a filtered-out service
+//!   costs nothing. When the index moved by exactly one (one Raft entry since the last
+//!   answer, so no other change can hide in it) that is all;
 //! * anything else (several Raft entries between two answers, an instance change that leaves
 //!   the map as it was, a node change, a node check) cannot be pinned on services from what
-//!   Consul sent: a *sweep* asks each service for its own `X-Consul-Index` (an empty answer)
-//!   and fetches only those whose index moved. Consul offers no cheaper way to learn which
-//!   services moved short of one open blocking query per service, and its agent refuses more
-//!   than `limits.http_max_conns_per_client` (200) connections from one address.
+//!   Consul sent: when every service is watched, their own queries see it and nothing more is
+//!   read; otherwise a *sweep* asks each service that is not watched for its own
+//!   `X-Consul-Index` (an empty answer) and fetches only those whose index moved. Consul offers
+//!   no bulk way to learn which services moved, and its agent refuses more than
+//!   `limits.http_max_conns_per_client` (200) connections from one address: that is what
+//!   bounds the watches (a refused connection gives a quarter of them up until the next
+//!   re-list, so that the limit is never held full).
 //!
 //! Each fetched service becomes an `Upsert` or `Remove`. Requests are counted by endpoint in
-//! `mcp_adapter_registry_requests_total`.
+//! `mcp_adapter_registry_requests_total`, open per-service watches in
+//! `mcp_adapter_registry_service_watches`.
 //!
 //! A service that cannot be read is that service's problem: its last good state stays served,
-//! the failure is reported on its problems, and it is retried alone with its own backoff. Only
-//! Consul itself failing (the change watches fail, or every request of a sweep cannot connect)
-//! ends the watch with an error: the core then keeps serving the last good state, marks the
-//! source unhealthy, backs off and starts a new watch, which re-lists everything.
+//! the failure is reported on its problems, and it is retried alone with its own backoff
+//! (without its watch until it reads again). Only Consul itself failing (the change watches
+//! fail, a request cannot connect at all, or every request of a sweep cannot) ends the watch
+//! with an error: the core then keeps serving the last good state, marks the source unhealthy,
+//! backs off and starts a new watch, which re-lists everything.
 //!
 //! This module is the registry itself and the loop of one watch: what the change watches say
 //! decides what is swept. Which services are read and when is [`sweep`], reading many at once
-//! [`fetch`], and what follows from reading one (its events, problems and retries) [`service`].
+//! [`fetch`], which services hold their own query [`own_watch`], and what follows from reading
+//! one (its events, problems and retries) [`service`].
 
 mod fetch;
+mod own_watch;
 mod service;
 mod sweep;
 
@@ -49,6 +60,7 @@ use crate::convert::ConvertSettings;
 use crate::watch::{self, Kind, Signal};
 use mcp_core::filter::NameFilter;
 use mcp_core::problems::ProblemLedger;
+use own_watch::OwnWatches;
 
 /// Why the adapter cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +85,8 @@ struct Inner {
     settings: ConvertSettings,
     filter: NameFilter,
     concurrency: usize,
+    /// Most services with their own blocking query.
+    service_watches: usize,
     /// Problems reported per service, across watches: a re-list clears those of services
     /// that vanished meanwhile.
     reported: Mutex<ProblemLedger>,
@@ -96,6 +110,7 @@ impl ConsulRegistry {
                 settings: ConvertSettings::new(cfg).map_err(ConfigError::Convert)?,
                 filter: cfg.services.filter(),
                 concurrency: cfg.concurrency.clamp(1, MAX_CONCURRENCY),
+                service_watches: cfg.service_watches,
                 reported: Default::default(),
                 last_good: Default::default(),
             }),
@@ -146,7 +161,8 @@ impl Inner {
         ] {
             watches.spawn(watch::run(self.client.clone(), kind, index, sig_tx.clone()));
         }
-        drop(sig_tx);
+        let mut own = OwnWatches::new(self.service_watches, self.client.clone(), sig_tx);
+        own.arm(&known);
 
         loop {
             let next_retry = known
@@ -165,7 +181,8 @@ impl Inner {
             };
             // Everything that queued meanwhile is covered at once: the services named by what
             // changed (each with the index of the change that named it), the nodes whose
-            // services to name, or a sweep of every service when a change names nothing.
+            // services to name, or a sweep of every service without its own query when a
+            // change names nothing. A service's own query brings its new state itself.
             let mut pending = vec![first];
             while let Ok(s) = signals.try_recv() {
                 pending.push(s);
@@ -173,9 +190,42 @@ impl Inner {
             let mut everything = false;
             let mut named: BTreeMap<String, u64> = BTreeMap::new();
             let mut touched: BTreeMap<String, u64> = BTreeMap::new();
+            let mut lost: Vec<String> = Vec::new();
+            let mut refused: Vec<String> = Vec::new();
             for signal in pending {
                 match signal {
                     Signal::Failed(e) => return Err(e),
+                    Signal::Service { name, answer } => {
+                        if let Some(k) = known.get_mut(&name) {
+                            if answer.index != k.index {
+                                self.apply(&tx, &name, k, answer)
+                                    .await
+                                    .map_err(|_| ended())?;
+                            }
+                        }
+                    }
+                    Signal::ServiceFailed { name, error } => {
+                        own.stop(&name);
+                        if let Some(k) = known.get_mut(&name) {
+                            self.failed(&tx, &name, k, &error)
+                                .await
+                                .map_err(|_| ended())?;
+                        }
+                    }
+                    Signal::ServiceLost { name: n, error } => {
+                        tracing::debug!(service = %n, %error, "A Consul service's own query was cut.");
+                        own.stop(&n);
+                        if matches!(error, ConsulError::Refused { .. }) {
+                            refused.push(n);
+                        } else {
+                            // Read once more below: that tells a lost connection from Consul
+                            // being down.
+                            if let Some(k) = known.get(&n) {
+                                name(&mut named, &n, k.index);
+                            }
+                            lost.push(n);
+                        }
+                    }
                     Signal::Catalog(c) => {
                         let now = sorted_tags(c.value);
                         let moved = changed_names(&names, &now);
@@ -183,7 +233,11 @@ impl Inner {
                             .await
                             .map_err(|_| ended())?;
                         for n in moved.iter().filter(|n| known.contains_key(*n)) {
-                            name(&mut named, n, c.index);
+                            // A watched service's own query sees the same change (a retag),
+                            // a new one is not watched yet.
+                            if !own.contains(n) {
+                                name(&mut named, n, c.index);
+                            }
                         }
                         // One Raft entry since the last answer, and these names are what it
                         // changed: nothing else can hide in it. (A node deregistration, one
@@ -213,7 +267,9 @@ impl Inner {
                             if c.service_name.is_empty() {
                                 // A node check: every service of that node.
                                 name(&mut touched, &c.node, index);
-                            } else if known.contains_key(&c.service_name) {
+                            } else if known.contains_key(&c.service_name)
+                                && !own.contains(&c.service_name)
+                            {
                                 name(&mut named, &c.service_name, index);
                             }
                         }
@@ -247,11 +303,19 @@ impl Inner {
                     }
                 }
             }
+            if own.cover(&known) {
+                // Every service's own query sees whatever else changed.
+                everything = false;
+                touched.clear();
+            }
             if !everything {
                 for (node, index) in &touched {
                     match self.client.node_services(node).await {
                         Ok(services) => {
-                            for s in services.iter().filter(|s| known.contains_key(*s)) {
+                            for s in services
+                                .iter()
+                                .filter(|s| known.contains_key(*s) && !own.contains(s))
+                            {
                                 name(&mut named, s, *index);
                             }
                         }
@@ -266,14 +330,39 @@ impl Inner {
             // The named services first: a registration reaches the sinks after one fetch even
             // when a sweep must follow.
             if !named.is_empty() {
-                self.sweep(&tx, &mut known, Some(&named)).await?;
+                self.sweep(&tx, &mut known, Some(&named), &own).await?;
+            }
+            // Consul answers, so the lost queries lost their connection to something between
+            // (a proxy cutting long requests): they get a watch again, a little later.
+            for n in &lost {
+                if let Some(k) = known.get_mut(n) {
+                    k.rewatch_at = Some(Instant::now() + REWATCH_AFTER_LOSS);
+                }
+            }
+            // What the queries stopped for a refusal would have seen next: one read from the
+            // last index of each.
+            if !refused.is_empty() {
+                let mut again = BTreeMap::new();
+                for s in own.refused(&refused) {
+                    if let Some(k) = known.get(&s).filter(|_| !named.contains_key(&s)) {
+                        name(&mut again, &s, k.index);
+                    }
+                }
+                if !again.is_empty() {
+                    self.sweep(&tx, &mut known, Some(&again), &own).await?;
+                }
             }
             if everything {
-                self.sweep(&tx, &mut known, None).await?;
+                self.sweep(&tx, &mut known, None, &own).await?;
             }
+            own.arm(&known);
         }
     }
 }
+
+/// How long a service whose own query lost its connection goes without one (swept meanwhile):
+/// a connection cut at once again and again must not become a loop of reads.
+const REWATCH_AFTER_LOSS: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Records that `key` changed at `index` (the highest index wins).
 fn name(map: &mut BTreeMap<String, u64>, key: &str, index: u64) {
@@ -545,7 +634,18 @@ mod tests {
             .filter(|r| r.param("index").is_none())
             .count();
         assert_eq!(lists, 1, "the catalog was listed again");
-        assert_eq!(fake.requests_to("/v1/health/service/good").len(), 1);
+        let good = fake.requests_to("/v1/health/service/good");
+        assert_eq!(
+            good.iter().filter(|r| r.param("index").is_none()).count(),
+            1,
+            "good is read once, then only watched: {good:?}"
+        );
+        assert!(
+            fake.requests_to("/v1/health/service/bad")
+                .iter()
+                .all(|r| r.param("index").is_none()),
+            "a failing service has no watch until it reads again"
+        );
 
         // Once it reads again it is served and its problem cleared.
         broken.store(false, Ordering::SeqCst);
@@ -560,6 +660,152 @@ mod tests {
                 other => panic!("unexpected {other:?}"),
             }
         }
+    }
+
+    /// A service with its own blocking query gets its change from that query's answer alone:
+    /// no sweep, no other read. Services beyond `--consul-service-watches` are swept.
+    #[tokio::test]
+    async fn a_watched_service_changes_through_its_own_query() {
+        use std::sync::atomic::AtomicU64;
+        // The catalog index moves with each instance change, as Consul's does; its list of
+        // names does not.
+        let index = Arc::new(AtomicU64::new(10));
+        let i = Arc::clone(&index);
+        let fake = FakeConsul::start(move |r| {
+            let now = i.load(Ordering::SeqCst);
+            match r.path() {
+                "/v1/catalog/services" => Reply::ok(now, r#"{"a":[],"b":[],"c":[]}"#),
+                "/v1/health/service/a" if now > 10 => {
+                    Reply::ok(now, &one_instance("a", "10.0.0.9"))
+                }
+                p if p.starts_with("/v1/health/service/") => {
+                    let name = &p["/v1/health/service/".len()..];
+                    Reply::ok(10, &one_instance(name, "10.0.0.1"))
+                }
+                _ => Reply::ok(10, "[]"),
+            }
+        })
+        .await;
+        let registry = ConsulRegistry::with_token(&config(&fake, &[]), None).expect("registry");
+        let mut events = registry.watch();
+        assert!(matches!(next(&mut events).await, RegistryEvent::Reset(s) if s.len() == 3));
+        let watching = |name: &str| {
+            fake.requests_to(&format!("/v1/health/service/{name}"))
+                .iter()
+                .any(|r| r.param("index").is_some())
+        };
+        wait_until("three own watches", || {
+            ["a", "b", "c"].iter().all(|n| watching(n))
+        })
+        .await;
+        assert_eq!(
+            registry
+                .inner
+                .client
+                .stats()
+                .count(crate::client::HEALTH, "read"),
+            3
+        );
+
+        index.store(11, Ordering::SeqCst);
+        match next(&mut events).await {
+            RegistryEvent::Upsert(s) => {
+                assert_eq!(s.key.name, "a");
+                assert_eq!(s.endpoints[0].address, "10.0.0.9");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // The catalog's wake-up names nothing and every service is watched: nothing is read.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let stats = registry.inner.client.stats();
+        assert_eq!(stats.count(crate::client::HEALTH, "read"), 3, "no fetch");
+        assert_eq!(
+            stats.count(crate::client::HEALTH_INDEX, "read"),
+            0,
+            "no sweep"
+        );
+    }
+
+    /// With room for one watch, the other services are swept when the catalog changes beyond
+    /// its names; a 429 on a watch gives its slot up for good, and that service is read once.
+    #[tokio::test]
+    async fn services_beyond_the_budget_are_swept_and_a_429_shrinks_it() {
+        use std::sync::atomic::AtomicU64;
+        let index = Arc::new(AtomicU64::new(10));
+        let i = Arc::clone(&index);
+        let fake = FakeConsul::start(move |r| {
+            let now = i.load(Ordering::SeqCst);
+            let watch = r.param("index").is_some();
+            match r.path() {
+                "/v1/catalog/services" => Reply::ok(now, r#"{"a":[],"b":[],"c":[]}"#),
+                // Consul's agent out of connections for this address.
+                _ if watch && now >= 12 && r.path().starts_with("/v1/health/service/") => Reply {
+                    status: 429,
+                    index: None,
+                    body: "Your IP is issuing too many concurrent connections".into(),
+                },
+                p if p.starts_with("/v1/health/service/") => {
+                    let name = &p["/v1/health/service/".len()..];
+                    Reply::ok(10, &one_instance(name, "10.0.0.1"))
+                }
+                _ => Reply::ok(10, "[]"),
+            }
+        })
+        .await;
+        let cfg = config(&fake, &["--consul-service-watches", "1"]);
+        let registry = ConsulRegistry::with_token(&cfg, None).expect("registry");
+        let mut events = registry.watch();
+        assert!(matches!(next(&mut events).await, RegistryEvent::Reset(s) if s.len() == 3));
+        let watched = || -> Vec<String> {
+            ["a", "b", "c"]
+                .iter()
+                .filter(|n| {
+                    fake.requests_to(&format!("/v1/health/service/{n}"))
+                        .iter()
+                        .any(|r| r.param("index").is_some())
+                })
+                .map(|n| n.to_string())
+                .collect()
+        };
+        wait_until("one own watch", || watched().len() == 1).await;
+        let stats = registry.inner.client.stats().clone();
+        // An instance change: the two unwatched services are swept.
+        index.store(11, Ordering::SeqCst);
+        wait_until("a sweep of two", || {
+            stats.count(crate::client::HEALTH_INDEX, "read") == 2
+        })
+        .await;
+        assert_eq!(watched().len(), 1, "still one watch");
+        // Consul refuses the watch's next query: no more watches, the others stay swept.
+        let metrics = prometheus::Registry::new();
+        for c in registry.collectors() {
+            metrics.register(c).expect("register");
+        }
+        let gauge = || {
+            metrics
+                .gather()
+                .into_iter()
+                .find(|f| f.name() == "mcp_adapter_registry_service_watches")
+                .map(|f| f.get_metric()[0].get_gauge().get_value())
+        };
+        assert_eq!(gauge(), Some(1.0));
+        index.store(12, Ordering::SeqCst);
+        wait_until("the budget shrunk", || gauge() == Some(0.0)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let swept = stats.count(crate::client::HEALTH_INDEX, "read");
+        let watches = stats.count(crate::client::HEALTH, "watch");
+        index.store(13, Ordering::SeqCst);
+        wait_until("a sweep of all three", || {
+            stats.count(crate::client::HEALTH_INDEX, "read") >= swept + 3
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(stats.count(crate::client::HEALTH_INDEX, "read"), swept + 3);
+        assert_eq!(
+            stats.count(crate::client::HEALTH, "watch"),
+            watches,
+            "no new watch"
+        );
     }
 
     #[tokio::test]

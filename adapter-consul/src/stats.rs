@@ -3,7 +3,7 @@
 //! what changed) and the staleness of the last answer under `?stale` reads.
 
 use prometheus::core::Collector;
-use prometheus::{Gauge, IntCounterVec, Opts};
+use prometheus::{Gauge, IntCounterVec, IntGauge, Opts};
 
 /// The adapter's own Consul metrics; cheap to clone (the clones share the series).
 #[derive(Clone, Debug)]
@@ -14,6 +14,8 @@ pub struct ConsulStats {
     /// `X-Consul-LastContact` of the last answer, in seconds: how far behind the leader the
     /// server that answered was (0 from the leader itself).
     staleness: Gauge,
+    /// Services with their own open blocking query (`--consul-service-watches`).
+    service_watches: IntGauge,
 }
 
 impl ConsulStats {
@@ -31,6 +33,10 @@ impl ConsulStats {
                 "mcp_adapter_registry_staleness_seconds",
                 "How far behind the leader the Consul server that gave the last answer was (X-Consul-LastContact; 0 from the leader).",
             )?,
+            service_watches: IntGauge::new(
+                "mcp_adapter_registry_service_watches",
+                "Services with their own open blocking query: their instance changes cost one answer and no sweep.",
+            )?,
         })
     }
 
@@ -45,11 +51,18 @@ impl ConsulStats {
         self.staleness.set(seconds);
     }
 
+    /// Sets how many services hold their own blocking query.
+    pub fn service_watches(&self, n: usize) {
+        self.service_watches
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// The series, for the core to serve on /metrics.
     pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
         vec![
             Box::new(self.requests.clone()),
             Box::new(self.staleness.clone()),
+            Box::new(self.service_watches.clone()),
         ]
     }
 

@@ -4,7 +4,9 @@
 //! Three queries stay open: the catalog's service list (registrations, tags), the checks that are
 //! not passing (health changes), and every node with the index of its last change (node
 //! addresses). Each answer says what changed when compared with the one before:
-//! [`crate::registry`] does that and reads what it names.
+//! [`crate::registry`] does that and reads what it names. Besides them, up to
+//! `--consul-service-watches` services hold a query of their own ([`run_service`]), whose
+//! answer is that service's new state.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,12 +14,16 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::client::{CheckState, ConsulClient, ConsulError, Indexed, NodeState};
+use crate::convert::HealthEntry;
 
 /// Rate limit of one blocking-query loop (Consul's advice): a burst of [`BURST`] queries, then
 /// one per [`REFILL`]. An isolated change is seen at once; a Consul that changes all the time
 /// is polled every 50 ms instead of spun on.
 const BURST: u32 = 3;
 const REFILL: Duration = Duration::from_millis(50);
+
+/// Wait before a change watch asks again for a connection Consul refused.
+const REFUSED_RETRY: Duration = Duration::from_secs(1);
 
 /// Token bucket for one loop.
 #[derive(Debug)]
@@ -89,6 +95,30 @@ pub enum Signal {
         /// The index went backwards: every per-service index is suspect.
         reset: bool,
     },
+    /// A service's own watch answered with a change.
+    Service {
+        /// The service.
+        name: String,
+        /// Its instances now.
+        answer: Indexed<Vec<HealthEntry>>,
+    },
+    /// A service's own watch failed (Consul answered, but not with this service): the service
+    /// is retried alone, unwatched.
+    ServiceFailed {
+        /// The service.
+        name: String,
+        /// Why.
+        error: ConsulError,
+    },
+    /// A service's own query was refused a connection ([`ConsulError::Refused`]: too many
+    /// from this address) or lost it (Consul may be down: the registry reads the service once
+    /// more within the cap on requests in flight, which tells).
+    ServiceLost {
+        /// The service.
+        name: String,
+        /// Why.
+        error: ConsulError,
+    },
     /// The watch failed: Consul is unreachable or refuses us.
     Failed(ConsulError),
 }
@@ -143,6 +173,13 @@ pub async fn run(client: ConsulClient, kind: Kind, mut index: u64, tx: mpsc::Sen
         };
         let (returned, signal) = match answer {
             Ok(a) => a,
+            Err(e @ ConsulError::Refused { .. }) => {
+                // Consul is up but out of connections for this address: not a registry
+                // failure; wait for one to free up.
+                tracing::warn!(watch = kind.name(), error = %e, "Consul refused a change watch a connection; retrying in 1s.");
+                tokio::time::sleep(REFUSED_RETRY).await;
+                continue;
+            }
             Err(e) => {
                 let _ = tx.send(Signal::Failed(e)).await;
                 return;
@@ -159,6 +196,45 @@ pub async fn run(client: ConsulClient, kind: Kind, mut index: u64, tx: mpsc::Sen
             continue;
         }
         if tx.send(signal).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One service's own blocking query, from `index` (its last fetch): reports each change of
+/// its instances until `tx` closes or a query fails, which ends this loop: a refused or lost
+/// connection as [`Signal::ServiceLost`], anything else as [`Signal::ServiceFailed`].
+pub async fn run_service(
+    client: ConsulClient,
+    name: String,
+    mut index: u64,
+    tx: mpsc::Sender<Signal>,
+) {
+    let mut limit = RateLimit::default();
+    loop {
+        limit.acquire().await;
+        let answer = match client.health_watch(&name, index).await {
+            Ok(a) => a,
+            Err(error @ (ConsulError::Refused { .. } | ConsulError::Unreachable { .. })) => {
+                let _ = tx.send(Signal::ServiceLost { name, error }).await;
+                return;
+            }
+            Err(error) => {
+                let _ = tx.send(Signal::ServiceFailed { name, error }).await;
+                return;
+            }
+        };
+        let (next, changed) = next_index(index, answer.index);
+        index = next;
+        if changed
+            && tx
+                .send(Signal::Service {
+                    name: name.clone(),
+                    answer,
+                })
+                .await
+                .is_err()
+        {
             return;
         }
     }

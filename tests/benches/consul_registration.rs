@@ -5,10 +5,17 @@
 //!
 //!     cargo build --release -p adapter-consul -p mcpctl && cargo bench -p e2e --bench consul_registration
 //!
+//! A second phase adds an instance to an existing service each round: the floor is a blocking
+//! query on that service woken by the same write, and the adapter's path is that service's own
+//! blocking query (`--consul-service-watches`), or a sweep for services beyond it.
+//!
 //! `BENCH_SERVICES` (default 5000) services of one instance each, `BENCH_ROUNDS` (default 100)
-//! registrations. Needs target/consul/consul from tests/consul/build.sh, or CONSUL_BIN_DIR.
+//! registrations per phase, `BENCH_SERVICE_WATCHES` (default: every service, with the agent's
+//! `limits.http_max_conns_per_client` raised to fit, as the adapter's README advises for large
+//! catalogs; 128 is the shipped default). Needs target/consul/consul from
+//! tests/consul/build.sh, or CONSUL_BIN_DIR.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use e2e::consul::{Consul, Registration};
 use e2e::{http, Adapter};
@@ -40,6 +47,12 @@ fn consul_index(consul: &Consul, path: &str) -> u64 {
         .unwrap_or(1)
 }
 
+/// From the write to the moment the sink received the response that held it (before the sink
+/// decodes it and copies its whole state: the bench's own cost, not the adapter's).
+fn since(sent: SystemTime, received: SystemTime) -> Duration {
+    received.duration_since(sent).unwrap_or_default()
+}
+
 /// A sum of the adapter's `mcp_adapter_registry_requests_total` samples matching `label`.
 fn requests(a: &Adapter, label: &str) -> f64 {
     a.metric_with("mcp_adapter_registry_requests_total", label)
@@ -48,7 +61,12 @@ fn requests(a: &Adapter, label: &str) -> f64 {
 fn main() {
     let services = env_or("BENCH_SERVICES", 5000);
     let rounds = env_or("BENCH_ROUNDS", 100);
-    let consul = Consul::start(None);
+    let own_watches = env_or("BENCH_SERVICE_WATCHES", services + 200);
+    let limits = format!(
+        "limits {{ http_max_conns_per_client = {} }}",
+        (own_watches + 300).max(200)
+    );
+    let consul = Consul::start(Some(&limits));
     let t = Instant::now();
     let existing: Vec<Registration> = (0..services)
         .map(|s| {
@@ -74,6 +92,8 @@ fn main() {
             // The floor's services: registered, never fetched.
             "--exclude-service",
             "consul,floor-*",
+            "--consul-service-watches",
+            &own_watches.to_string(),
         ],
         &[("RUST_LOG", "info")],
     );
@@ -91,6 +111,9 @@ fn main() {
     // What the catalog watch's every answer costs: the whole name -> tags map, read and sent.
     let mut catalog = histogram();
     let mut per_change = Vec::new();
+    let mut instance_floor = histogram();
+    let mut instance_ours = histogram();
+    let mut per_instance = Vec::new();
     rt.block_on(async {
         let mut sink = Sink::connect(SinkOptions::new(format!("delta://{}", adapter.grpc)))
             .await
@@ -129,7 +152,7 @@ fn main() {
             let before = requests(&adapter, "mode=\"read\"");
             let name = format!("new-{round}");
             let key = format!("consul/{name}");
-            let t0 = Instant::now();
+            let t0 = SystemTime::now();
             consul.register(
                 &Registration::new("node-2", &name, &format!("{name}-0"), "10.250.0.2", 8080)
                     .protocol("http"),
@@ -137,17 +160,61 @@ fn main() {
             loop {
                 let u = sink.next().await.expect("update");
                 if u.state.contains_key(&key) {
+                    record(&mut ours, since(t0, u.at));
                     break;
                 }
             }
-            record(&mut ours, t0.elapsed());
             per_change.push(requests(&adapter, "mode=\"read\"") - before);
+        }
+        // Phase 2: an instance added to an existing service; the floor's blocking query on
+        // that service and the adapter see the same write.
+        for round in 0..rounds {
+            let s = (round * 37) % services;
+            let name = format!("svc-{s}");
+            let key = format!("consul/{name}");
+            let path = format!("/v1/health/service/{name}");
+            let index = consul_index(&consul, &path);
+            let addr = consul.http;
+            let waiter = std::thread::spawn(move || {
+                let path = format!("{path}?index={index}&wait=30s");
+                http(addr, "GET", &path, &[], "").expect("blocking query");
+                Instant::now()
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let before = requests(&adapter, "mode=\"read\"");
+            let t0 = Instant::now();
+            let sent = SystemTime::now();
+            consul.register(
+                &Registration::new(
+                    "node-3",
+                    &name,
+                    &format!("{name}-extra"),
+                    &format!("10.251.{}.{}", s / 250, s % 250),
+                    8080,
+                )
+                .protocol("http"),
+            );
+            loop {
+                let u = sink.next().await.expect("update");
+                if u.state
+                    .get(&key)
+                    .is_some_and(|r| r.spec.endpoints.len() == 2)
+                {
+                    record(&mut instance_ours, since(sent, u.at));
+                    break;
+                }
+            }
+            let woke = waiter.join().expect("waiter");
+            record(&mut instance_floor, woke.duration_since(t0));
+            per_instance.push(requests(&adapter, "mode=\"read\"") - before);
         }
     });
     // Steady afterwards: anything the changes still caused has been sent.
     std::thread::sleep(Duration::from_secs(2));
-    let sweeps = requests(&adapter, "endpoint=\"/v1/health/service/:name?index-only\"");
+    // (+ 0.0: no such series yet reads as -0.)
+    let sweeps = requests(&adapter, "endpoint=\"/v1/health/service/:name?index-only\"") + 0.0;
     per_change.sort_by(f64::total_cmp);
+    per_instance.sort_by(f64::total_cmp);
     println!(
         "registration-to-sink on real Consul ({services} services, {rounds} registrations, each after a filtered-out one, coalescing off, delta xDS sink)"
     );
@@ -166,7 +233,33 @@ fn main() {
         per_change[per_change.len() - 1]
     );
     println!(
+        "instance added to an existing service ({} services, the {rounds} new ones included, with their own query)",
+        adapter.metric("mcp_adapter_registry_service_watches")
+    );
+    print_quantiles(
+        48,
+        "floor: consul blocking query on the service",
+        &instance_floor,
+    );
+    print_quantiles(48, "adapter-consul -> delta xDS sink", &instance_ours);
+    println!("ratio {}", p50_p99_ratios(&instance_ours, &instance_floor));
+    println!(
+        "reads per instance (at the sink): min {} median {} max {}",
+        per_instance[0],
+        per_instance[per_instance.len() / 2],
+        per_instance[per_instance.len() - 1]
+    );
+    println!(
         "watches: {} blocking queries answered or open in the whole run",
         requests(&adapter, "mode=\"watch\"")
     );
+    let status = adapter
+        .pid()
+        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .unwrap_or_default();
+    for field in ["VmRSS", "VmHWM", "Threads"] {
+        if let Some(l) = status.lines().find(|l| l.starts_with(field)) {
+            println!("adapter {l}");
+        }
+    }
 }

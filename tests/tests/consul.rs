@@ -650,7 +650,9 @@ fn vips(items: &[Value]) -> std::collections::BTreeMap<String, String> {
 #[test]
 #[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
 fn virtual_ips_never_move_and_replicas_started_later_agree() {
-    let consul = Consul::start(None);
+    // Two replicas and this test all reach Consul from 127.0.0.1, one address sharing the
+    // agent's 200 connections; in a cluster each replica has its own.
+    let consul = Consul::start(Some("limits { http_max_conns_per_client = 1000 }"));
     let tcp = |s: usize| {
         let address = format!("10.9.{}.{}", s / 200, s % 200 + 1);
         let (service, id) = (format!("db-{s}"), format!("db-{s}-0"));
@@ -747,9 +749,16 @@ fn a_change_costs_requests_in_proportion_to_what_changed() {
     // Off here, so that what one registration costs is what is measured, every run.
     let consul = Consul::start(Some("disable_coordinates = true"));
     consul.register_bulk(&bulk(N, 1));
+    // No service holds its own query here: what the change watches and sweeps cost
+    // (`an_instance_change_costs_its_own_answer_and_nothing_else` covers the watched ones).
     let a = adapter(
         &consul,
-        &["--exclude-service", "cons*,hidden*"],
+        &[
+            "--exclude-service",
+            "cons*,hidden*",
+            "--consul-service-watches",
+            "0",
+        ],
         &[("RUST_LOG", "info,adapter_consul=debug")],
     );
     let xds = a.xds_url();
@@ -879,4 +888,221 @@ fn a_change_costs_requests_in_proportion_to_what_changed() {
     let before = reads(&a);
     a.assert_steady(Duration::from_secs(3));
     assert_eq!(reads(&a), before, "reads while nothing changed");
+}
+
+/// #22 item 9, instance changes: with every service holding its own blocking query (120
+/// services, `--consul-service-watches 150`), an instance added, moved or
+/// removed, a failing check and a failing node check cost the answers of the services they
+/// touch and nothing else: no fetch, no sweep, no node listing. A new service costs one fetch
+/// and then gets its own query.
+#[test]
+#[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
+fn an_instance_change_costs_its_own_answer_and_nothing_else() {
+    const N: usize = 120;
+    const FETCH: &str = "/v1/health/service/:name";
+    let consul = Consul::start(Some("disable_coordinates = true"));
+    consul.register_bulk(&bulk(N, 1));
+    let a = adapter(
+        &consul,
+        &[
+            "--exclude-service",
+            "cons*,hidden*",
+            "--consul-service-watches",
+            "150",
+        ],
+        &[("RUST_LOG", "info,adapter_consul=debug")],
+    );
+    let xds = a.xds_url();
+    wait_for(Duration::from_secs(60), "every service served", || {
+        (a.metric("mcp_adapter_resources") >= N as f64).then_some(())
+    });
+    a.wait_ready();
+    let watching = || a.metric("mcp_adapter_registry_service_watches");
+    wait_for(Duration::from_secs(20), "every service watched", || {
+        (watching() == N as f64).then_some(())
+    });
+    settled(&a);
+    // Answers of the services' own queries: each one sent is the re-arm after an answer.
+    let answers = || requests(&a, FETCH, "watch");
+    let quiet = |what: &str, reads_before: f64, answers_before: f64, touched: f64| {
+        assert_eq!(
+            (reads(&a), answers()),
+            (reads_before, answers_before + touched),
+            "{what}: only the own queries of the {touched} services touched answer; log:\n{}",
+            a.log_tail()
+        );
+    };
+
+    // Nothing changes: nothing is read and no query answers.
+    let (r, w) = (reads(&a), answers());
+    a.assert_steady(Duration::from_secs(2));
+    quiet("nothing changed", r, w, 0.0);
+
+    // An instance added to an existing service (the catalog's list of names stays as it was).
+    let (r, w) = (reads(&a), answers());
+    consul.register(
+        &Registration::new(&node_of(3, 1), "svc-3", "svc-3-1", "10.250.0.1", 8080).protocol("http"),
+    );
+    until("the second instance of svc-3", &xds, |i| {
+        find(i, "svc-3").is_some_and(|s| addresses(s).len() == 2)
+    });
+    settled(&a);
+    quiet("an instance added", r, w, 1.0);
+
+    // The instance moves to another address, then goes.
+    let (r, w) = (reads(&a), answers());
+    consul.register(
+        &Registration::new(&node_of(3, 1), "svc-3", "svc-3-1", "10.250.0.2", 8080).protocol("http"),
+    );
+    until("the moved instance", &xds, |i| {
+        find(i, "svc-3").is_some_and(|s| addresses(s).contains(&"10.250.0.2".to_string()))
+    });
+    settled(&a);
+    quiet("an instance moved", r, w, 1.0);
+    let (r, w) = (reads(&a), answers());
+    consul.deregister(&node_of(3, 1), "svc-3-1");
+    until("svc-3 back to one instance", &xds, |i| {
+        find(i, "svc-3").is_some_and(|s| addresses(s).len() == 1)
+    });
+    settled(&a);
+    quiet("an instance removed", r, w, 1.0);
+
+    // A failing check on one instance.
+    let (r, w) = (reads(&a), answers());
+    consul.set_check(&node_of(7, 0), "svc-7-0", "critical");
+    until("svc-7 without endpoints", &xds, |i| {
+        find(i, "svc-7").is_some_and(|s| addresses(s).is_empty())
+    });
+    settled(&a);
+    quiet("a failing check", r, w, 1.0);
+
+    // A failing node check: the two services on that node (5 and 105), no node listing.
+    let (r, w) = (reads(&a), answers());
+    let node = node_of(5, 0);
+    let check = serde_json::json!({
+        "Node": node, "Address": "10.255.0.1", "SkipNodeUpdate": true,
+        "Check": {"CheckID": "node-down", "Name": "node down", "Status": "critical"},
+    });
+    consul.must("PUT", "/v1/catalog/register", &check.to_string());
+    until("the node's services without endpoints", &xds, |i| {
+        [5, 105]
+            .iter()
+            .all(|s| find(i, &format!("svc-{s}")).is_some_and(|s| addresses(s).is_empty()))
+    });
+    settled(&a);
+    quiet("a failing node check", r, w, 2.0);
+
+    // A filtered-out registration costs nothing; a new service one fetch, then its own query.
+    let (r, w) = (reads(&a), answers());
+    consul.register(&Registration::new(
+        &node_of(0, 0),
+        "hidden-1",
+        "hidden-1-0",
+        "10.200.0.1",
+        8080,
+    ));
+    consul.register(
+        &Registration::new(&node_of(1, 0), "fresh", "fresh-0", "10.200.0.2", 8080).protocol("http"),
+    );
+    until("fresh served", &xds, |i| find(i, "fresh").is_some());
+    wait_for(Duration::from_secs(20), "fresh watched", || {
+        (watching() == N as f64 + 1.0).then_some(())
+    });
+    settled(&a);
+    assert_eq!(
+        (
+            reads(&a),
+            requests(&a, "/v1/health/service/:name?index-only", "read")
+        ),
+        (r + 1.0, 0.0),
+        "one fetch of the new service, never a sweep; log:\n{}",
+        a.log_tail()
+    );
+    // Its own query opened (one more sent), no other answered.
+    assert_eq!(answers(), w + 1.0, "{}", a.log_tail());
+    let (r, w) = (reads(&a), answers());
+    consul.register(
+        &Registration::new(&node_of(2, 0), "fresh", "fresh-1", "10.200.0.3", 8080).protocol("http"),
+    );
+    until("fresh with two instances", &xds, |i| {
+        find(i, "fresh").is_some_and(|s| addresses(s).len() == 2)
+    });
+    settled(&a);
+    quiet("an instance of the new service", r, w, 1.0);
+
+    let (r, w) = (reads(&a), answers());
+    a.assert_steady(Duration::from_secs(3));
+    quiet("nothing changed at the end", r, w, 0.0);
+}
+
+/// #22 item 9, the connection limit: an agent allowing 80 connections from one address and an
+/// adapter asking for 100 watches (plus 35 other requests). Refused connections are not a
+/// registry failure: the adapter gives watches up until it fits, leaves room for other clients
+/// on the address (this test registers through it), serves everything, and every instance
+/// change still arrives (through a watch or a sweep). Steady afterwards: no registry error.
+#[test]
+#[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
+fn an_agent_out_of_connections_gets_fewer_watches_and_loses_nothing() {
+    const N: usize = 100;
+    let consul = Consul::start(Some(
+        "disable_coordinates = true\nlimits { http_max_conns_per_client = 80 }",
+    ));
+    consul.register_bulk(&bulk(N, 1));
+    let a = adapter(
+        &consul,
+        &[
+            "--exclude-service",
+            "consul",
+            "--consul-service-watches",
+            "100",
+        ],
+        &[("RUST_LOG", "info,adapter_consul=debug")],
+    );
+    let xds = a.xds_url();
+    wait_for(Duration::from_secs(60), "every service served", || {
+        (a.metric("mcp_adapter_resources") >= N as f64).then_some(())
+    });
+    a.wait_ready();
+    wait_for(Duration::from_secs(30), "a refusal seen", || {
+        a.log()
+            .contains("Consul refused connections from this address")
+            .then_some(())
+    });
+    settled(&a);
+    let watching = a.metric("mcp_adapter_registry_service_watches");
+    eprintln!("watching {watching} of {N} services");
+    assert!(
+        (1.0..=45.0).contains(&watching),
+        "watches within the limit, not all given up: {watching}; log:\n{}",
+        a.log_tail()
+    );
+    a.assert_no_registry_errors("with connections refused");
+    a.assert_steady(Duration::from_secs(3));
+    // Every service gets an instance: watched or swept, each arrives; the registrations go
+    // through the same address, so there is room left.
+    for s in (0..N).step_by(10) {
+        consul.register(
+            &Registration::new(
+                &node_of(s, 1),
+                &format!("svc-{s}"),
+                &format!("svc-{s}-1"),
+                &format!("10.251.0.{}", s + 1),
+                8080,
+            )
+            .protocol("http"),
+        );
+    }
+    until("ten services with a second instance", &xds, |i| {
+        (0..N)
+            .step_by(10)
+            .all(|s| find(i, &format!("svc-{s}")).is_some_and(|e| addresses(e).len() == 2))
+    });
+    settled(&a);
+    assert_eq!(
+        a.metric("mcp_adapter_registry_service_watches"),
+        watching,
+        "no watch given up or opened after it settled"
+    );
+    a.assert_no_registry_errors("after the changes");
+    a.assert_steady(Duration::from_secs(3));
 }

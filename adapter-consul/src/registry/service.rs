@@ -44,6 +44,8 @@ pub(super) struct ServiceState {
     problems: Vec<String>,
     /// Failing: failures in a row and when to try again.
     pub(super) retry: Option<Retry>,
+    /// Its own query lost its connection: no new one before this.
+    pub(super) rewatch_at: Option<Instant>,
 }
 
 /// The retries of a service that cannot be read.

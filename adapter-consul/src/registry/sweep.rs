@@ -11,22 +11,25 @@ use mcp_core::{EventSender, RegistryError, RegistryEvent, ServiceKey};
 use tokio::time::Instant;
 
 use super::fetch::{How, Looked};
+use super::own_watch::OwnWatches;
 use super::service::{ServiceState, SCOPE_PREFIX};
 use super::{ended, Inner};
 use crate::client::ConsulError;
 
 impl Inner {
-    /// Sweeps the services due for a look (not waiting for a retry), or fetches the `named`
-    /// ones (each with the index of the change that named it), and applies what changed.
+    /// Sweeps the services due for a look (not waiting for a retry, not `watched` by their
+    /// own query), or fetches the `named` ones (each with the index of the change that named
+    /// it), and applies what changed.
     pub(super) async fn sweep(
         &self,
         tx: &EventSender,
         known: &mut HashMap<String, ServiceState>,
         named: Option<&BTreeMap<String, u64>>,
+        watched: &OwnWatches,
     ) -> Result<(), ConsulError> {
         let due: Vec<(String, How)> = known
             .iter()
-            .filter(|(_, k)| k.retry.is_none())
+            .filter(|(n, k)| k.retry.is_none() && !watched.contains(n))
             .filter_map(|(n, k)| match named {
                 None => Some((n.clone(), How::Compare(k.index))),
                 Some(names) => names.get(n).map(|i| (n.clone(), How::Since(*i))),

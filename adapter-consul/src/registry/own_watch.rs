@@ -1,0 +1,143 @@
+//! The services that hold a blocking query of their own (`--consul-service-watches`): which
+//! ones, starting and stopping their loops ([`crate::watch::run_service`]), and giving up
+//! slots when Consul refuses more connections.
+//!
+//! A watched service needs nothing else: its own query wakes on anything that changes it (an
+//! instance, a check, its node), so the watch loop ([`super`]) leaves it out of sweeps and of
+//! the services a change names. Only services beyond the budget are swept.
+
+use std::collections::HashMap;
+
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use super::service::ServiceState;
+use crate::client::ConsulClient;
+use crate::watch::{run_service, Signal};
+
+/// The open per-service watches of one registry watch; dropping it stops them all.
+#[derive(Debug)]
+pub(super) struct OwnWatches {
+    /// Most open at once.
+    budget: usize,
+    /// Service name -> its loop.
+    open: HashMap<String, AbortHandle>,
+    client: ConsulClient,
+    tx: mpsc::Sender<Signal>,
+}
+
+impl OwnWatches {
+    pub(super) fn new(budget: usize, client: ConsulClient, tx: mpsc::Sender<Signal>) -> Self {
+        Self {
+            budget,
+            open: HashMap::new(),
+            client,
+            tx,
+        }
+    }
+
+    /// `name` holds its own query.
+    pub(super) fn contains(&self, name: &str) -> bool {
+        self.open.contains_key(name)
+    }
+
+    /// Every service in `known` holds its own query: nothing needs a sweep. (Stops the loops
+    /// of services no longer known first.)
+    pub(super) fn cover(&mut self, known: &HashMap<String, ServiceState>) -> bool {
+        self.prune(known);
+        self.open.len() == known.len()
+    }
+
+    /// Stops the loops of services no longer known.
+    fn prune(&mut self, known: &HashMap<String, ServiceState>) {
+        let before = self.open.len();
+        self.open.retain(|name, h| {
+            let keep = known.contains_key(name);
+            if !keep {
+                h.abort();
+            }
+            keep
+        });
+        if self.open.len() != before {
+            self.client.stats().service_watches(self.open.len());
+        }
+    }
+
+    /// Stops the loop of `name` (it failed, or is gone).
+    pub(super) fn stop(&mut self, name: &str) {
+        if let Some(h) = self.open.remove(name) {
+            h.abort();
+        }
+        self.client.stats().service_watches(self.open.len());
+    }
+
+    /// Consul refused the queries of `names` a connection: this address is at the agent's
+    /// limit, shared with everything else here (fetches, sweeps, other clients). Gives up a
+    /// quarter of the watches still open (once for all the refusals seen at once), so that the
+    /// limit is not held full, and opens no more until the next re-list. The services whose
+    /// watch stopped, to be read once more.
+    pub(super) fn refused(&mut self, names: &[String]) -> Vec<String> {
+        for n in names {
+            self.stop(n);
+        }
+        let keep = self.open.len() * 3 / 4;
+        if self.budget > keep {
+            tracing::warn!(
+                refused = names.len(),
+                watching = keep,
+                asked = self.budget,
+                "Consul refused connections from this address (limits.http_max_conns_per_client, HTTP 429): watching fewer services, the others are swept on changes. Raise Consul's limit, or lower --consul-service-watches (clients behind one address share the limit)."
+            );
+            self.budget = keep;
+        }
+        let mut over: Vec<String> = self.open.keys().skip(self.budget).cloned().collect();
+        for n in &over {
+            self.stop(n);
+        }
+        over.extend(names.iter().cloned());
+        over
+    }
+
+    /// Stops the loops of services no longer known, and opens loops for known services until
+    /// the budget is used: each from the index of its last good read. A failing service waits
+    /// for its retry to read again first, one whose query lost its connection a moment.
+    pub(super) fn arm(&mut self, known: &HashMap<String, ServiceState>) {
+        self.prune(known);
+        let before = self.open.len();
+        if self.open.len() < self.budget {
+            let now = tokio::time::Instant::now();
+            let ready = known.iter().filter(|(n, k)| {
+                k.retry.is_none()
+                    && k.index != 0
+                    && k.rewatch_at.is_none_or(|t| t <= now)
+                    && !self.open.contains_key(*n)
+            });
+            let room = self.budget - self.open.len();
+            let start: Vec<(String, u64)> = ready
+                .take(room)
+                .map(|(n, k)| (n.clone(), k.index))
+                .collect();
+            for (name, index) in start {
+                let task = tokio::spawn(run_service(
+                    self.client.clone(),
+                    name.clone(),
+                    index,
+                    self.tx.clone(),
+                ));
+                self.open.insert(name, task.abort_handle());
+            }
+        }
+        if self.open.len() != before {
+            self.client.stats().service_watches(self.open.len());
+        }
+    }
+}
+
+impl Drop for OwnWatches {
+    fn drop(&mut self) {
+        for h in self.open.values() {
+            h.abort();
+        }
+        self.client.stats().service_watches(0);
+    }
+}
