@@ -103,6 +103,9 @@ pub struct Indexed<T> {
 /// The three change watches each hold one request open besides the bounded ones.
 pub const WATCHES: usize = 3;
 
+/// How long an idle connection to Consul is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The endpoint label of a fetch of one service's instances.
 pub const HEALTH: &str = "/v1/health/service/:name";
 /// The endpoint label of a look at one service's index alone (an empty answer).
@@ -171,6 +174,9 @@ impl ConsulClient {
         settings.capath = cfg.capath.clone();
         settings.verify = cfg.ssl_verify;
         settings.max_idle = concurrency + WATCHES + cfg.service_watches;
+        // A burst of fetches (a list, a sweep) leaves its connections idle, and the agent counts
+        // them against its per-address limit: they close soon.
+        settings.idle_timeout = IDLE_TIMEOUT;
         settings.max_response = cfg.response.max_response_size;
         if let Some(name) = &cfg.tls_server_name {
             // Verify `name` while connecting to the configured address: ask for `name` and
@@ -246,23 +252,9 @@ impl ConsulClient {
         index: Option<u64>,
         read: Read,
     ) -> Result<Indexed<T>, ConsulError> {
-        self.get_in(endpoint, path, filter, index, read, Lane::Bounded)
-            .await
-    }
-
-    /// [`Self::get`] in a given [`Lane`].
-    async fn get_in<T: DeserializeOwned>(
-        &self,
-        endpoint: &str,
-        path: &str,
-        filter: Option<&str>,
-        index: Option<u64>,
-        read: Read,
-        lane: Lane,
-    ) -> Result<Indexed<T>, ConsulError> {
         let c = &self.inner;
         let mut query: Vec<(&str, String)> = Vec::new();
-        if let (Some(ms), Read::Stale) = (c.stale, read) {
+        if let (Some(ms), Read::Stale | Read::OwnQuery) = (c.stale, read) {
             // Any server answers; one that lost the leader for longer than this asks the
             // leader itself.
             query.push(("stale", String::new()));
@@ -301,7 +293,7 @@ impl ConsulClient {
                 .map_err(|e| ConsulError::Config(e.to_string()))?;
             c.stats.request(endpoint, index.is_some());
             let (status, index, body) = self
-                .send(path, &query, timeout, token.as_ref(), lane)
+                .send(path, &query, timeout, token.as_ref(), read)
                 .await?;
             if status == StatusCode::FORBIDDEN && attempt == 1 {
                 let now = c
@@ -351,7 +343,7 @@ impl ConsulClient {
         query: &[(&str, String)],
         timeout: Duration,
         token: Option<&Secret>,
-        lane: Lane,
+        read: Read,
     ) -> Result<(StatusCode, u64, bytes::Bytes), ConsulError> {
         let c = &self.inner;
         let mut req = c
@@ -363,14 +355,14 @@ impl ConsulClient {
         if let Some(t) = token {
             req = req.header("X-Consul-Token", t.expose());
         }
-        let _permit = match lane {
-            Lane::Bounded => Some(
+        let _permit = match read {
+            Read::OwnQuery => None,
+            Read::Stale | Read::Leader => Some(
                 c.in_flight
                     .acquire()
                     .await
                     .map_err(|_| ConsulError::Config("client closed".into()))?,
             ),
-            Lane::ServiceWatch => None,
         };
         let resp = req.send().await.map_err(|e| {
             let message = error_chain(&e);
@@ -467,25 +459,17 @@ impl ConsulClient {
         self.health(name).await
     }
 
-    /// `/v1/health/service/:name` as a blocking query from `index`: one service's own watch
-    /// (`--consul-service-watches`), answered by any server under `--consul-stale` (a lagging
-    /// one waits until it passes `index`). Outside the cap on requests in flight: the registry
-    /// bounds how many are open, and a watch must never wait behind a sweep.
+    /// `/v1/health/service/:name` as a blocking query from `index`: one service's own query
+    /// (`--consul-service-watches`, [`Read::OwnQuery`]), answered by any server under
+    /// `--consul-stale` (a lagging one waits until it passes `index`).
     pub async fn health_watch(
         &self,
         name: &str,
         index: u64,
     ) -> Result<Indexed<Vec<HealthEntry>>, ConsulError> {
         let path = format!("/v1/health/service/{}", encode_path(name));
-        self.get_in(
-            HEALTH,
-            &path,
-            None,
-            Some(index),
-            Read::Stale,
-            Lane::ServiceWatch,
-        )
-        .await
+        self.get(HEALTH, &path, None, Some(index), Read::OwnQuery)
+            .await
     }
 
     /// The index of `/v1/health/service/:name` alone: it moves when anything of that service
@@ -551,16 +535,7 @@ impl ConsulClient {
     }
 }
 
-/// Which cap a request counts against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Lane {
-    /// `--consul-concurrency` + the three change watches.
-    Bounded,
-    /// One service's own blocking query, bounded by `--consul-service-watches`.
-    ServiceWatch,
-}
-
-/// Where a read may be answered.
+/// Where a read may be answered, and which cap on connections it counts against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Read {
     /// Any server when `--consul-stale` (blocking queries, which wait on a lagging server
@@ -569,6 +544,11 @@ enum Read {
     /// The leader (full lists and sweeps: what they read must not be older than what
     /// caused them).
     Leader,
+    /// As [`Read::Stale`], for one service's own blocking query: outside the cap on requests
+    /// in flight (`--consul-concurrency` + the change watches), since the registry bounds
+    /// those queries itself (`--consul-service-watches`) and one must never wait behind a
+    /// sweep.
+    OwnQuery,
 }
 
 /// One node of `/v1/catalog/nodes`, as far as changes go.

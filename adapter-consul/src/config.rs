@@ -132,7 +132,8 @@ pub struct ConsulConfig {
     /// shared with any other client there). Services beyond it are swept when the catalog
     /// changes in a way its list of services does not name. Raise Consul's limit with this one
     /// for large catalogs; 0 sweeps every service. When the agent refuses a connection
-    /// anyway, a quarter of the watches are given up until the next re-list.
+    /// anyway, watches are given up until all connections fit in three quarters of the limit
+    /// met, until the next re-list.
     #[arg(
         long = "consul-service-watches",
         env = "MCP_CONSUL_SERVICE_WATCHES",

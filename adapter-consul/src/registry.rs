@@ -21,8 +21,9 @@
 //!   `X-Consul-Index` (an empty answer) and fetches only those whose index moved. Consul offers
 //!   no bulk way to learn which services moved, and its agent refuses more than
 //!   `limits.http_max_conns_per_client` (200) connections from one address: that is what
-//!   bounds the watches (a refused connection gives a quarter of them up until the next
-//!   re-list, so that the limit is never held full).
+//!   bounds the watches (a refused connection shrinks them until the next re-list, so that
+//!   all of this adapter's connections together stay within three quarters of the limit it
+//!   met).
 //!
 //! Each fetched service becomes an `Upsert` or `Remove`. Requests are counted by endpoint in
 //! `mcp_adapter_registry_requests_total`, open per-service watches in
@@ -161,7 +162,12 @@ impl Inner {
         ] {
             watches.spawn(watch::run(self.client.clone(), kind, index, sig_tx.clone()));
         }
-        let mut own = OwnWatches::new(self.service_watches, self.client.clone(), sig_tx);
+        let mut own = OwnWatches::new(
+            self.service_watches,
+            self.concurrency + crate::client::WATCHES,
+            self.client.clone(),
+            sig_tx,
+        );
         own.arm(&known);
 
         loop {

@@ -4,7 +4,8 @@
 //!
 //! The connection pool keeps at most `max_idle` idle connections per host: Consul's agent refuses
 //! more than `limits.http_max_conns_per_client` (default 200) open connections from one address,
-//! and idle keep-alive connections count too. The callers bound the requests in flight.
+//! and idle keep-alive connections count too (hence `idle_timeout`). The callers bound the
+//! requests in flight.
 //!
 //! Bodies are read through [`ReloadingClient::body`], never whole and unchecked: a registry (or
 //! something posing as one) that answers without end would otherwise take all the memory. A body
@@ -93,6 +94,8 @@ pub struct HttpSettings {
     pub resolve: Option<(String, SocketAddr)>,
     /// Idle connections kept per host.
     pub max_idle: usize,
+    /// How long an idle connection is kept.
+    pub idle_timeout: Duration,
     /// Longest one request may take (none: the caller bounds it).
     pub timeout: Option<Duration>,
     /// Longest a connection may take to open.
@@ -112,6 +115,7 @@ impl HttpSettings {
             verify: true,
             resolve: None,
             max_idle: usize::MAX,
+            idle_timeout: Duration::from_secs(90),
             timeout: None,
             connect_timeout: Duration::from_secs(5),
             max_response: DEFAULT_MAX_RESPONSE,
@@ -144,6 +148,7 @@ impl HttpSettings {
         let mut b = reqwest::Client::builder()
             .connect_timeout(self.connect_timeout)
             .pool_max_idle_per_host(self.max_idle)
+            .pool_idle_timeout(self.idle_timeout)
             .tcp_keepalive(Duration::from_secs(60));
         if let Some(t) = self.timeout {
             b = b.timeout(t);

@@ -47,6 +47,18 @@ fn consul_index(consul: &Consul, path: &str) -> u64 {
         .unwrap_or(1)
 }
 
+/// Consul's own blocking query on `service` from its current index, on a thread: when it woke.
+fn blocking_query(consul: &Consul, service: &str) -> std::thread::JoinHandle<Instant> {
+    let path = format!("/v1/health/service/{service}");
+    let index = consul_index(consul, &path);
+    let addr = consul.http;
+    std::thread::spawn(move || {
+        let path = format!("{path}?index={index}&wait=30s");
+        http(addr, "GET", &path, &[], "").expect("blocking query");
+        Instant::now()
+    })
+}
+
 /// From the write to the moment the sink received the response that held it (before the sink
 /// decodes it and copies its whole state: the bench's own cost, not the adapter's).
 fn since(sent: SystemTime, received: SystemTime) -> Duration {
@@ -126,14 +138,7 @@ fn main() {
             // Floor: a blocking query on a service not registered yet, woken by its
             // registration.
             let name = format!("floor-{round}");
-            let path = format!("/v1/health/service/{name}");
-            let index = consul_index(&consul, &path);
-            let addr = consul.http;
-            let waiter = std::thread::spawn(move || {
-                let path = format!("{path}?index={index}&wait=30s");
-                http(addr, "GET", &path, &[], "").expect("blocking query");
-                Instant::now()
-            });
+            let waiter = blocking_query(&consul, &name);
             tokio::time::sleep(Duration::from_millis(100)).await;
             let t0 = Instant::now();
             consul.register(
@@ -172,14 +177,7 @@ fn main() {
             let s = (round * 37) % services;
             let name = format!("svc-{s}");
             let key = format!("consul/{name}");
-            let path = format!("/v1/health/service/{name}");
-            let index = consul_index(&consul, &path);
-            let addr = consul.http;
-            let waiter = std::thread::spawn(move || {
-                let path = format!("{path}?index={index}&wait=30s");
-                http(addr, "GET", &path, &[], "").expect("blocking query");
-                Instant::now()
-            });
+            let waiter = blocking_query(&consul, &name);
             tokio::time::sleep(Duration::from_millis(100)).await;
             let before = requests(&adapter, "mode=\"read\"");
             let t0 = Instant::now();

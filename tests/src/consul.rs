@@ -250,6 +250,22 @@ impl Consul {
         self.spawn();
     }
 
+    /// Open connections to the agent's HTTP port from clients on this machine (IPv4, from
+    /// `/proc/net/tcp`): what counts against its `limits.http_max_conns_per_client`.
+    pub fn client_connections(&self) -> usize {
+        let port = format!("{:04X}", self.http.port());
+        std::fs::read_to_string("/proc/net/tcp")
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                // remote address `IP:PORT` in hex, state 01 = established.
+                f.len() > 3 && f[2].ends_with(&format!(":{port}")) && f[3] == "01"
+            })
+            .count()
+    }
+
     /// An API request with the agent's token.
     pub fn request(&self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
         match &self.token {

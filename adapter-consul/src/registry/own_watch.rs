@@ -20,6 +20,9 @@ use crate::watch::{run_service, Signal};
 pub(super) struct OwnWatches {
     /// Most open at once.
     budget: usize,
+    /// The other connections this adapter may open at once: the change watches and
+    /// `--consul-concurrency`.
+    others: usize,
     /// Service name -> its loop.
     open: HashMap<String, AbortHandle>,
     client: ConsulClient,
@@ -27,9 +30,15 @@ pub(super) struct OwnWatches {
 }
 
 impl OwnWatches {
-    pub(super) fn new(budget: usize, client: ConsulClient, tx: mpsc::Sender<Signal>) -> Self {
+    pub(super) fn new(
+        budget: usize,
+        others: usize,
+        client: ConsulClient,
+        tx: mpsc::Sender<Signal>,
+    ) -> Self {
         Self {
             budget,
+            others,
             open: HashMap::new(),
             client,
             tx,
@@ -72,15 +81,17 @@ impl OwnWatches {
     }
 
     /// Consul refused the queries of `names` a connection: this address is at the agent's
-    /// limit, shared with everything else here (fetches, sweeps, other clients). Gives up a
-    /// quarter of the watches still open (once for all the refusals seen at once), so that the
-    /// limit is not held full, and opens no more until the next re-list. The services whose
-    /// watch stopped, to be read once more.
+    /// limit, shared with everything else here (fetches, sweeps, other clients). The limit
+    /// seen is at most the watches still open plus every other connection this adapter may
+    /// hold; from now on all of them together stay within three quarters of it (once for all
+    /// the refusals seen at once), so that a burst of fetches never fills it, until the next
+    /// re-list. The services whose watch stopped, to be read once more.
     pub(super) fn refused(&mut self, names: &[String]) -> Vec<String> {
         for n in names {
             self.stop(n);
         }
-        let keep = self.open.len() * 3 / 4;
+        let seen = self.open.len() + self.others;
+        let keep = (seen * 3 / 4).saturating_sub(self.others);
         if self.budget > keep {
             tracing::warn!(
                 refused = names.len(),
