@@ -1,6 +1,6 @@
 //! A scripted Consul HTTP API for unit tests: answers what a test's handler says, records every
-//! request, and holds blocking queries (`index` set) for their `wait` the way Consul does when
-//! nothing changes. It exists for what a real agent cannot be made to do on demand: answer
+//! request, and holds blocking queries (`index` set) until the answer changes or for their
+//! `wait`, the way Consul does. It exists for what a real agent cannot be made to do on demand: answer
 //! without `X-Consul-Index`, or fail for one service only.
 
 use std::net::SocketAddr;
@@ -68,7 +68,7 @@ pub struct FakeConsul {
 
 impl FakeConsul {
     /// Starts it with `handler`. A blocking query whose answer has the same index as asked is
-    /// held for its `wait` (capped at 2 s) before being answered.
+    /// held until the handler answers another index or for its `wait` (capped at 2 s).
     pub async fn start(handler: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -97,15 +97,22 @@ impl FakeConsul {
                     });
                     let req = Request { target, token };
                     recorded.lock().expect("lock").push(req.clone());
-                    let reply = handler(&req);
+                    let mut reply = handler(&req);
                     let asked = req.param("index");
-                    if asked.is_some() && asked == reply.index.clone().or(Some("1".into())) {
-                        let wait = req
-                            .param("wait")
-                            .and_then(|w| w.trim_end_matches("ms").parse::<u64>().ok())
-                            .unwrap_or(2000)
-                            .min(2000);
-                        tokio::time::sleep(Duration::from_millis(wait)).await;
+                    let wait = req
+                        .param("wait")
+                        .and_then(|w| w.trim_end_matches("ms").parse::<u64>().ok())
+                        .unwrap_or(2000)
+                        .min(2000);
+                    let until = tokio::time::Instant::now() + Duration::from_millis(wait);
+                    // Held while the answer is what was asked for, as Consul holds a blocking
+                    // query: until the handler's answer changes or the wait is over.
+                    while asked.is_some()
+                        && asked == reply.index.clone().or(Some("1".into()))
+                        && tokio::time::Instant::now() < until
+                    {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        reply = handler(&req);
                     }
                     let mut resp = format!(
                         "HTTP/1.1 {} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",

@@ -45,6 +45,7 @@ mod fetch;
 mod own_watch;
 mod service;
 mod sweep;
+mod unexplained;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -62,6 +63,9 @@ use crate::watch::{self, Kind, Signal};
 use mcp_core::filter::NameFilter;
 use mcp_core::problems::ProblemLedger;
 use own_watch::OwnWatches;
+use service::ServiceState;
+use sweep::Which;
+use unexplained::Unexplained;
 
 /// Why the adapter cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +92,8 @@ struct Inner {
     concurrency: usize,
     /// Most services with their own blocking query.
     service_watches: usize,
+    /// Changes read so far (orders [`ServiceState::changed`]).
+    changes: std::sync::atomic::AtomicU64,
     /// Problems reported per service, across watches: a re-list clears those of services
     /// that vanished meanwhile.
     reported: Mutex<ProblemLedger>,
@@ -112,6 +118,7 @@ impl ConsulRegistry {
                 filter: cfg.services.filter(),
                 concurrency: cfg.concurrency.clamp(1, MAX_CONCURRENCY),
                 service_watches: cfg.service_watches,
+                changes: Default::default(),
                 reported: Default::default(),
                 last_good: Default::default(),
             }),
@@ -169,6 +176,7 @@ impl Inner {
             sig_tx,
         );
         own.arm(&known);
+        let mut unexplained = Unexplained::default();
 
         loop {
             let next_retry = known
@@ -179,6 +187,13 @@ impl Inner {
                 s = signals.recv() => s,
                 () = sleep_until(next_retry) => {
                     self.retry(&tx, &mut known).await?;
+                    continue;
+                }
+                () = sleep_until(unexplained.due()) => {
+                    tracing::debug!("A catalog change no own query explained; sweeping.");
+                    unexplained.clear();
+                    self.sweep(&tx, &mut known, Which::Unwatched, &own).await?;
+                    self.rebalance(&tx, &mut known, &mut own).await?;
                     continue;
                 }
             };
@@ -202,6 +217,7 @@ impl Inner {
                 match signal {
                     Signal::Failed(e) => return Err(e),
                     Signal::Service { name, answer } => {
+                        unexplained.answered(answer.index);
                         if let Some(k) = known.get_mut(&name) {
                             if answer.index != k.index {
                                 self.apply(&tx, &name, k, answer)
@@ -247,8 +263,13 @@ impl Inner {
                         }
                         // One Raft entry since the last answer, and these names are what it
                         // changed: nothing else can hide in it. (A node deregistration, one
-                        // entry for many services, is also a node change: swept below.)
-                        if c.index != catalog_index.saturating_add(1) || moved.is_empty() {
+                        // entry for many services, is also a node change: swept below.) One
+                        // entry that moved no name changed instances: a service's own query
+                        // may explain it ([`unexplained`]).
+                        let one_entry = c.index == catalog_index.saturating_add(1);
+                        if one_entry && moved.is_empty() {
+                            unexplained.catalog(c.index);
+                        } else if !one_entry {
                             tracing::debug!(
                                 index = c.index,
                                 previous = catalog_index,
@@ -313,6 +334,7 @@ impl Inner {
                 // Every service's own query sees whatever else changed.
                 everything = false;
                 touched.clear();
+                unexplained.clear();
             }
             if !everything {
                 for (node, index) in &touched {
@@ -336,7 +358,8 @@ impl Inner {
             // The named services first: a registration reaches the sinks after one fetch even
             // when a sweep must follow.
             if !named.is_empty() {
-                self.sweep(&tx, &mut known, Some(&named), &own).await?;
+                self.sweep(&tx, &mut known, Which::Named(&named), &own)
+                    .await?;
             }
             // Consul answers, so the lost queries lost their connection to something between
             // (a proxy cutting long requests): they get a watch again, a little later.
@@ -355,14 +378,33 @@ impl Inner {
                     }
                 }
                 if !again.is_empty() {
-                    self.sweep(&tx, &mut known, Some(&again), &own).await?;
+                    self.sweep(&tx, &mut known, Which::Named(&again), &own)
+                        .await?;
                 }
             }
             if everything {
-                self.sweep(&tx, &mut known, None, &own).await?;
+                unexplained.clear();
+                self.sweep(&tx, &mut known, Which::Unwatched, &own).await?;
             }
-            own.arm(&known);
+            self.rebalance(&tx, &mut known, &mut own).await?;
         }
+    }
+
+    /// After reads: a service without its own query that changed more recently than one with
+    /// takes its place (what the query given up would have seen next: one look at its index),
+    /// and free room is filled.
+    async fn rebalance(
+        &self,
+        tx: &EventSender,
+        known: &mut HashMap<String, ServiceState>,
+        own: &mut OwnWatches,
+    ) -> Result<(), ConsulError> {
+        let given_up = own.make_room(known);
+        if !given_up.is_empty() {
+            self.sweep(tx, known, Which::Look(&given_up), own).await?;
+        }
+        own.arm(known);
+        Ok(())
     }
 }
 
@@ -811,6 +853,101 @@ mod tests {
             stats.count(crate::client::HEALTH, "watch"),
             watches,
             "no new watch"
+        );
+    }
+
+    /// With room for one own query, a service without one that changes takes it from the one
+    /// that changed least recently (whose index is then looked at once); its next change comes
+    /// through its own query, with no fetch, and explains the catalog's wake-up: no sweep.
+    #[tokio::test]
+    async fn the_services_that_change_get_the_own_queries() {
+        use std::collections::HashMap as Map;
+        let indexes: Arc<Mutex<Map<String, u64>>> = Arc::new(Mutex::new(
+            [("catalog", 10), ("a", 10), ("b", 10), ("c", 10)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        ));
+        let i = Arc::clone(&indexes);
+        let fake = FakeConsul::start(move |r| {
+            let now = i.lock().expect("lock").clone();
+            match r.path() {
+                "/v1/catalog/services" => Reply::ok(now["catalog"], r#"{"a":[],"b":[],"c":[]}"#),
+                p if p.starts_with("/v1/health/service/") => {
+                    let name = &p["/v1/health/service/".len()..];
+                    let ip = format!("10.0.0.{}", now[name]);
+                    Reply::ok(now[name], &one_instance(name, &ip))
+                }
+                _ => Reply::ok(10, "[]"),
+            }
+        })
+        .await;
+        let cfg = config(&fake, &["--consul-service-watches", "1"]);
+        let registry = ConsulRegistry::with_token(&cfg, None).expect("registry");
+        let mut events = registry.watch();
+        assert!(matches!(next(&mut events).await, RegistryEvent::Reset(s) if s.len() == 3));
+        let queries = |name: &str| {
+            fake.requests_to(&format!("/v1/health/service/{name}"))
+                .iter()
+                .filter(|r| r.param("index").is_some())
+                .count()
+        };
+        wait_until("one own query", || {
+            ["a", "b", "c"].iter().map(|n| queries(n)).sum::<usize>() == 1
+        })
+        .await;
+        let watched = ["a", "b", "c"]
+            .into_iter()
+            .find(|n| queries(n) == 1)
+            .expect("watched");
+        let hot = if watched == "a" { "b" } else { "a" };
+        let stats = registry.inner.client.stats().clone();
+        let change = |n: &str, to: u64| {
+            let mut m = indexes.lock().expect("lock");
+            m.insert(n.to_string(), to);
+            m.insert("catalog".into(), to);
+        };
+        // `hot` changes: swept, fetched, and it takes the own query.
+        change(hot, 11);
+        match next(&mut events).await {
+            RegistryEvent::Upsert(s) => assert_eq!(s.key.name, hot),
+            other => panic!("unexpected {other:?}"),
+        }
+        wait_until("hot's own query", || queries(hot) == 1).await;
+        let fetches = stats.count(crate::client::HEALTH, "read");
+        let swept = stats.count(crate::client::HEALTH_INDEX, "read");
+        let given_up = queries(watched);
+        let looks = fake
+            .requests_to(&format!("/v1/health/service/{watched}"))
+            .iter()
+            .filter(|r| r.param("filter").is_some())
+            .count();
+        assert_eq!(looks, 1, "the query given up: one look at its index");
+        // Its next change: through its own query, no fetch.
+        change(hot, 12);
+        match next(&mut events).await {
+            RegistryEvent::Upsert(s) => {
+                assert_eq!(s.key.name, hot);
+                assert_eq!(s.endpoints[0].address, "10.0.0.12");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(
+            stats.count(crate::client::HEALTH, "read"),
+            fetches,
+            "no fetch"
+        );
+        // The catalog's wake-up for the same index is explained by that answer: no sweep.
+        tokio::time::sleep(unexplained::GRACE * 3).await;
+        assert_eq!(
+            stats.count(crate::client::HEALTH_INDEX, "read"),
+            swept,
+            "no sweep"
+        );
+        assert_eq!(
+            queries(watched),
+            given_up,
+            "{watched} has no query any more"
         );
     }
 

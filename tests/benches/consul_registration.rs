@@ -5,9 +5,11 @@
 //!
 //!     cargo build --release -p adapter-consul -p mcpctl && cargo bench -p e2e --bench consul_registration
 //!
-//! A second phase adds an instance to an existing service each round: the floor is a blocking
-//! query on that service woken by the same write, and the adapter's path is that service's own
-//! blocking query (`--consul-service-watches`), or a sweep for services beyond it.
+//! A second phase adds an instance to an existing service, a different one each round: the
+//! floor is a blocking query on that service woken by the same write, and the adapter's path is
+//! that service's own blocking query (`--consul-service-watches`), or a sweep for services
+//! beyond it. A third churns five services (an instance added, then removed, in turn): with
+//! fewer own queries than services, those that change take them.
 //!
 //! `BENCH_SERVICES` (default 5000) services of one instance each, `BENCH_ROUNDS` (default 100)
 //! registrations per phase, `BENCH_SERVICE_WATCHES` (default: every service, with the agent's
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use e2e::consul::{Consul, Registration};
 use e2e::{http, Adapter};
-use latency::{histogram, p50_p99_ratios, print_quantiles, record};
+use latency::{histogram, histogram_of, p50_p99_ratios, print_quantiles, record};
 use mcpctl::sink::{Sink, SinkOptions};
 
 mod latency;
@@ -45,6 +47,75 @@ fn consul_index(consul: &Consul, path: &str) -> u64 {
                 .then(|| v.trim().parse().ok())?
         })
         .unwrap_or(1)
+}
+
+/// Services of phase 3, none of phase 2's (`round * 37 % 5000` for 100 rounds).
+const HOT: [usize; 5] = [7, 1007, 2007, 3007, 4007];
+
+/// The instance changes of one phase: the floor, the adapter, and the reads each cost.
+#[derive(Default)]
+struct InstancePhase {
+    floor: Vec<Duration>,
+    ours: Vec<Duration>,
+    reads: Vec<f64>,
+}
+
+impl InstancePhase {
+    /// Adds (or removes) the instance `svc-<s>-extra` of `svc-<s>`, timed against Consul's
+    /// own blocking query on that service woken by the same write.
+    async fn change(
+        &mut self,
+        consul: &Consul,
+        adapter: &Adapter,
+        sink: &mut Sink,
+        s: usize,
+        add: bool,
+    ) {
+        let name = format!("svc-{s}");
+        let key = format!("consul/{name}");
+        let extra = format!("{name}-extra");
+        let waiter = blocking_query(consul, &name);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let before = requests(adapter, "mode=\"read\"");
+        let t0 = Instant::now();
+        let sent = SystemTime::now();
+        if add {
+            let ip = format!("10.251.{}.{}", s / 250, s % 250);
+            consul
+                .register(&Registration::new("node-3", &name, &extra, &ip, 8080).protocol("http"));
+        } else {
+            consul.deregister("node-3", &extra);
+        }
+        let want = if add { 2 } else { 1 };
+        loop {
+            let u = sink.next().await.expect("update");
+            if u.state
+                .get(&key)
+                .is_some_and(|r| r.spec.endpoints.len() == want)
+            {
+                self.ours.push(since(sent, u.at));
+                break;
+            }
+        }
+        let woke = waiter.join().expect("waiter");
+        self.floor.push(woke.duration_since(t0));
+        self.reads.push(requests(adapter, "mode=\"read\"") - before);
+    }
+
+    fn print(&mut self, title: &str) {
+        let (floor, ours) = (histogram_of(&self.floor), histogram_of(&self.ours));
+        println!("{title}");
+        print_quantiles(48, "floor: consul blocking query on the service", &floor);
+        print_quantiles(48, "adapter-consul -> delta xDS sink", &ours);
+        println!("ratio {}", p50_p99_ratios(&ours, &floor));
+        self.reads.sort_by(f64::total_cmp);
+        println!(
+            "reads per change (at the sink): min {} median {} max {}",
+            self.reads[0],
+            self.reads[self.reads.len() / 2],
+            self.reads[self.reads.len() - 1]
+        );
+    }
 }
 
 /// Consul's own blocking query on `service` from its current index, on a thread: when it woke.
@@ -123,9 +194,8 @@ fn main() {
     // What the catalog watch's every answer costs: the whole name -> tags map, read and sent.
     let mut catalog = histogram();
     let mut per_change = Vec::new();
-    let mut instance_floor = histogram();
-    let mut instance_ours = histogram();
-    let mut per_instance = Vec::new();
+    let mut cold = InstancePhase::default();
+    let mut hot = InstancePhase::default();
     rt.block_on(async {
         let mut sink = Sink::connect(SinkOptions::new(format!("delta://{}", adapter.grpc)))
             .await
@@ -171,40 +241,18 @@ fn main() {
             }
             per_change.push(requests(&adapter, "mode=\"read\"") - before);
         }
-        // Phase 2: an instance added to an existing service; the floor's blocking query on
-        // that service and the adapter see the same write.
+        // Phase 2: an instance added to an existing service, a different one each round; the
+        // floor's blocking query on that service and the adapter see the same write.
         for round in 0..rounds {
             let s = (round * 37) % services;
-            let name = format!("svc-{s}");
-            let key = format!("consul/{name}");
-            let waiter = blocking_query(&consul, &name);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let before = requests(&adapter, "mode=\"read\"");
-            let t0 = Instant::now();
-            let sent = SystemTime::now();
-            consul.register(
-                &Registration::new(
-                    "node-3",
-                    &name,
-                    &format!("{name}-extra"),
-                    &format!("10.251.{}.{}", s / 250, s % 250),
-                    8080,
-                )
-                .protocol("http"),
-            );
-            loop {
-                let u = sink.next().await.expect("update");
-                if u.state
-                    .get(&key)
-                    .is_some_and(|r| r.spec.endpoints.len() == 2)
-                {
-                    record(&mut instance_ours, since(sent, u.at));
-                    break;
-                }
-            }
-            let woke = waiter.join().expect("waiter");
-            record(&mut instance_floor, woke.duration_since(t0));
-            per_instance.push(requests(&adapter, "mode=\"read\"") - before);
+            cold.change(&consul, &adapter, &mut sink, s, true).await;
+        }
+        // Phase 3: churn on five services (an instance added, then removed, in turn): with
+        // fewer own queries than services, the ones that change take them.
+        for round in 0..rounds {
+            let s = HOT[round % HOT.len()];
+            let add = (round / HOT.len()) % 2 == 0;
+            hot.change(&consul, &adapter, &mut sink, s, add).await;
         }
     });
     // Steady afterwards: anything the changes still caused has been sent.
@@ -212,7 +260,6 @@ fn main() {
     // (+ 0.0: no such series yet reads as -0.)
     let sweeps = requests(&adapter, "endpoint=\"/v1/health/service/:name?index-only\"") + 0.0;
     per_change.sort_by(f64::total_cmp);
-    per_instance.sort_by(f64::total_cmp);
     println!(
         "registration-to-sink on real Consul ({services} services, {rounds} registrations, each after a filtered-out one, coalescing off, delta xDS sink)"
     );
@@ -231,22 +278,11 @@ fn main() {
         per_change[per_change.len() - 1]
     );
     println!(
-        "instance added to an existing service ({} services, the {rounds} new ones included, with their own query)",
+        "{} services with their own query at the end (the {rounds} new ones included)",
         adapter.metric("mcp_adapter_registry_service_watches")
     );
-    print_quantiles(
-        48,
-        "floor: consul blocking query on the service",
-        &instance_floor,
-    );
-    print_quantiles(48, "adapter-consul -> delta xDS sink", &instance_ours);
-    println!("ratio {}", p50_p99_ratios(&instance_ours, &instance_floor));
-    println!(
-        "reads per instance (at the sink): min {} median {} max {}",
-        per_instance[0],
-        per_instance[per_instance.len() / 2],
-        per_instance[per_instance.len() - 1]
-    );
+    cold.print("an instance added to an existing service, a different one each round");
+    hot.print("churn on five services: an instance added, then removed, in turn");
     println!(
         "watches: {} blocking queries answered or open in the whole run",
         requests(&adapter, "mode=\"watch\"")

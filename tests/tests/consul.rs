@@ -894,6 +894,37 @@ fn a_change_costs_requests_in_proportion_to_what_changed() {
     assert_eq!(reads(&a), before, "reads while nothing changed");
 }
 
+/// Answers of the services' own queries: each one sent is the re-arm after an answer.
+fn own_answers(a: &Adapter) -> f64 {
+    requests(a, "/v1/health/service/:name", "watch")
+}
+
+/// Since `r` reads and `w` own answers: no read, and only the own queries of the `touched`
+/// services answered.
+fn quiet(a: &Adapter, what: &str, r: f64, w: f64, touched: f64) {
+    assert_eq!(
+        (reads(a), own_answers(a)),
+        (r, w + touched),
+        "{what}: only the own queries of the {touched} services touched answer; log:\n{}",
+        a.log_tail()
+    );
+}
+
+/// One change, seen served, costs the answers of the services it touched and nothing else.
+fn costs_own_answers(
+    a: &Adapter,
+    what: &str,
+    touched: f64,
+    change: &dyn Fn(),
+    served: &dyn Fn(&[Value]) -> bool,
+) {
+    let (r, w) = (reads(a), own_answers(a));
+    change();
+    until(what, &a.xds_url(), served);
+    settled(a);
+    quiet(a, what, r, w, touched);
+}
+
 /// #22 item 9, instance changes: with every service holding its own blocking query (120
 /// services, `--consul-service-watches 150`), an instance added, moved or
 /// removed, a failing check and a failing node check cost the answers of the services they
@@ -903,7 +934,6 @@ fn a_change_costs_requests_in_proportion_to_what_changed() {
 #[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
 fn an_instance_change_costs_its_own_answer_and_nothing_else() {
     const N: usize = 120;
-    const FETCH: &str = "/v1/health/service/:name";
     let consul = Consul::start(Some("disable_coordinates = true"));
     let flags = [
         "--exclude-service",
@@ -918,23 +948,10 @@ fn an_instance_change_costs_its_own_answer_and_nothing_else() {
         (watching() == N as f64).then_some(())
     });
     settled(&a);
-    // Answers of the services' own queries: each one sent is the re-arm after an answer.
-    let answers = || requests(&a, FETCH, "watch");
-    let quiet = |what: &str, reads_before: f64, answers_before: f64, touched: f64| {
-        assert_eq!(
-            (reads(&a), answers()),
-            (reads_before, answers_before + touched),
-            "{what}: only the own queries of the {touched} services touched answer; log:\n{}",
-            a.log_tail()
-        );
-    };
-    // One change, seen served, costs the answers of the services it touched and nothing else.
+    let answers = || own_answers(&a);
+    let quiet = |what: &str, r: f64, w: f64, touched: f64| quiet(&a, what, r, w, touched);
     let step = |what: &str, touched: f64, change: &dyn Fn(), served: &dyn Fn(&[Value]) -> bool| {
-        let (r, w) = (reads(&a), answers());
-        change();
-        until(what, &xds, served);
-        settled(&a);
-        quiet(what, r, w, touched);
+        costs_own_answers(&a, what, touched, change, served)
     };
     let instance =
         |ip: &str| Registration::new(&node_of(3, 1), "svc-3", "svc-3-1", ip, 8080).protocol("http");
@@ -1102,4 +1119,74 @@ fn an_agent_out_of_connections_gets_fewer_watches_and_loses_nothing() {
     );
     a.assert_no_registry_errors("after the changes");
     a.assert_steady(Duration::from_secs(3));
+}
+
+/// #22 item 9, churn with the default budget (64 own queries for 200 services): the services
+/// that change take the own queries from those that changed least recently, and from then on
+/// an instance change of theirs costs its own answer and nothing else. The catalog's wake-up
+/// for the same write is explained by that answer (the same Raft index), not swept.
+#[test]
+#[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
+fn services_that_churn_get_their_own_queries_with_the_default_budget() {
+    const N: usize = 200;
+    const LOOK: &str = "/v1/health/service/:name?index-only";
+    let consul = Consul::start(Some("disable_coordinates = true"));
+    let a = serving(&consul, N, &["--exclude-service", "consul"]);
+    let xds = a.xds_url();
+    wait_for(Duration::from_secs(20), "64 own queries", || {
+        (a.metric("mcp_adapter_registry_service_watches") == 64.0).then_some(())
+    });
+    settled(&a);
+    let hot = [150, 170, 190];
+    let second = |s: usize| {
+        Registration::new(
+            &node_of(s, 1),
+            &format!("svc-{s}"),
+            &format!("svc-{s}-1"),
+            &format!("10.251.0.{}", s % 250),
+            8080,
+        )
+        .protocol("http")
+    };
+    let count = |i: &[Value], s: usize| {
+        find(i, &format!("svc-{s}"))
+            .map(addresses)
+            .unwrap_or_default()
+            .len()
+    };
+    // First change of each: a sweep at most (the service may hold a query already).
+    for s in hot {
+        let before = reads(&a);
+        consul.register(&second(s));
+        until("a second instance", &xds, |i| count(i, s) == 2);
+        settled(&a);
+        assert!(
+            reads(&a) - before <= (N - 64 + 2) as f64,
+            "at most a sweep of the services without a query; log:\n{}",
+            a.log_tail()
+        );
+    }
+    assert_eq!(a.metric("mcp_adapter_registry_service_watches"), 64.0);
+    // From now on each costs its own answer: no read, no sweep.
+    let looks = requests(&a, LOOK, "read");
+    for s in hot {
+        costs_own_answers(
+            &a,
+            &format!("svc-{s} back to one instance"),
+            1.0,
+            &|| consul.deregister(&node_of(s, 1), &format!("svc-{s}-1")),
+            &|i| count(i, s) == 1,
+        );
+        costs_own_answers(
+            &a,
+            &format!("svc-{s} with two again"),
+            1.0,
+            &|| consul.register(&second(s)),
+            &|i| count(i, s) == 2,
+        );
+    }
+    assert_eq!(requests(&a, LOOK, "read"), looks, "no sweep");
+    let (r, w) = (reads(&a), own_answers(&a));
+    a.assert_steady(Duration::from_secs(3));
+    quiet(&a, "nothing changed at the end", r, w, 0.0);
 }

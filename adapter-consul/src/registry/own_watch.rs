@@ -109,22 +109,63 @@ impl OwnWatches {
         over
     }
 
+    /// With the budget used, gives up the own queries of the services that changed least
+    /// recently, one for each service without a query that changed more recently: churn is
+    /// usually a few services (a deployment rolling, an autoscaler), and those should cost
+    /// their own answer, not a sweep. [`Self::arm`] then opens theirs. The services given up.
+    pub(super) fn make_room(&mut self, known: &HashMap<String, ServiceState>) -> Vec<String> {
+        if self.budget == 0 || self.open.len() < self.budget {
+            return Vec::new();
+        }
+        let mut newer: Vec<u64> = known
+            .iter()
+            .filter(|(n, k)| k.changed > 0 && watchable(k) && !self.open.contains_key(*n))
+            .map(|(_, k)| k.changed)
+            .collect();
+        if newer.is_empty() {
+            return Vec::new();
+        }
+        newer.sort_unstable_by(|a, b| b.cmp(a));
+        let mut older: Vec<(u64, String)> = self
+            .open
+            .keys()
+            .filter_map(|n| known.get(n).map(|k| (k.changed, n.clone())))
+            .collect();
+        older.sort_unstable();
+        let given_up: Vec<String> = newer
+            .iter()
+            .zip(older)
+            .take_while(|(new, (old, _))| *new > old)
+            .map(|(_, (_, n))| n)
+            .collect();
+        for n in &given_up {
+            self.stop(n);
+        }
+        given_up
+    }
+
     /// Stops the loops of services no longer known, and opens loops for known services until
-    /// the budget is used: each from the index of its last good read. A failing service waits
-    /// for its retry to read again first, one whose query lost its connection a moment.
+    /// the budget is used, the most recently changed first: each from the index of its last
+    /// good read. A failing service waits for its retry to read again first, one whose query
+    /// lost its connection a moment.
     pub(super) fn arm(&mut self, known: &HashMap<String, ServiceState>) {
         self.prune(known);
         let before = self.open.len();
         if self.open.len() < self.budget {
             let now = tokio::time::Instant::now();
-            let ready = known.iter().filter(|(n, k)| {
-                k.retry.is_none()
-                    && k.index != 0
-                    && k.rewatch_at.is_none_or(|t| t <= now)
-                    && !self.open.contains_key(*n)
-            });
+            let mut ready: Vec<(&String, &ServiceState)> = known
+                .iter()
+                .filter(|(n, k)| {
+                    watchable(k)
+                        && k.rewatch_at.is_none_or(|t| t <= now)
+                        && !self.open.contains_key(*n)
+                })
+                .collect();
+            // The most recently changed first.
+            ready.sort_unstable_by(|a, b| b.1.changed.cmp(&a.1.changed));
             let room = self.budget - self.open.len();
             let start: Vec<(String, u64)> = ready
+                .into_iter()
                 .take(room)
                 .map(|(n, k)| (n.clone(), k.index))
                 .collect();
@@ -142,6 +183,11 @@ impl OwnWatches {
             self.client.stats().service_watches(self.open.len());
         }
     }
+}
+
+/// A service that may hold its own query: read at least once, and not failing.
+fn watchable(k: &ServiceState) -> bool {
+    k.retry.is_none() && k.index != 0
 }
 
 impl Drop for OwnWatches {

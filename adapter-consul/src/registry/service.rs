@@ -4,6 +4,7 @@
 //! Apart from the sweeps ([`super::sweep`]) that decide *which* services to read: this is what
 //! is done with one service once it has been read, or could not be, wherever that happened.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use mcp_core::retry::Backoff;
@@ -46,6 +47,9 @@ pub(super) struct ServiceState {
     pub(super) retry: Option<Retry>,
     /// Its own query lost its connection: no new one before this.
     pub(super) rewatch_at: Option<Instant>,
+    /// When a change of it was last read, as a count of the changes this registry has read
+    /// (0: none since the first list): the services that changed last hold the own queries.
+    pub(super) changed: u64,
 }
 
 /// The retries of a service that cannot be read.
@@ -139,6 +143,7 @@ impl Inner {
         state: &mut ServiceState,
         list: Indexed<Vec<HealthEntry>>,
     ) -> Result<(), RegistryError> {
+        state.changed = self.changes.fetch_add(1, Ordering::Relaxed) + 1;
         match self.accept(tx, name, state, list).await? {
             Some(s) => {
                 state.served = true;

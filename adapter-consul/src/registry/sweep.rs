@@ -16,23 +16,36 @@ use super::service::{ServiceState, SCOPE_PREFIX};
 use super::{ended, Inner};
 use crate::client::ConsulError;
 
+/// Which services a sweep looks at.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Which<'a> {
+    /// Every one: its own index, fetched only when it moved.
+    Unwatched,
+    /// These, each fetched after the change (at that index) that named it.
+    Named(&'a BTreeMap<String, u64>),
+    /// These: their own index, fetched only when it moved.
+    Look(&'a [String]),
+}
+
 impl Inner {
-    /// Sweeps the services due for a look (not waiting for a retry, not `watched` by their
-    /// own query), or fetches the `named` ones (each with the index of the change that named
-    /// it), and applies what changed.
+    /// Looks at the services `which` says (none waiting for a retry, none `watched` by its own
+    /// query) and applies what changed.
     pub(super) async fn sweep(
         &self,
         tx: &EventSender,
         known: &mut HashMap<String, ServiceState>,
-        named: Option<&BTreeMap<String, u64>>,
+        which: Which<'_>,
         watched: &OwnWatches,
     ) -> Result<(), ConsulError> {
         let due: Vec<(String, How)> = known
             .iter()
             .filter(|(n, k)| k.retry.is_none() && !watched.contains(n))
-            .filter_map(|(n, k)| match named {
-                None => Some((n.clone(), How::Compare(k.index))),
-                Some(names) => names.get(n).map(|i| (n.clone(), How::Since(*i))),
+            .filter_map(|(n, k)| match which {
+                Which::Unwatched => Some((n.clone(), How::Compare(k.index))),
+                Which::Named(names) => names.get(n).map(|i| (n.clone(), How::Since(*i))),
+                Which::Look(names) => names
+                    .contains(n)
+                    .then(|| (n.clone(), How::Compare(k.index))),
             })
             .collect();
         let started = std::time::Instant::now();
