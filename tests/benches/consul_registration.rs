@@ -251,7 +251,7 @@ fn main() {
         // fewer own queries than services, the ones that change take them.
         for round in 0..rounds {
             let s = HOT[round % HOT.len()];
-            let add = (round / HOT.len()) % 2 == 0;
+            let add = (round / HOT.len()).is_multiple_of(2);
             hot.change(&consul, &adapter, &mut sink, s, add).await;
         }
     });

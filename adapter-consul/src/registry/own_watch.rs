@@ -162,7 +162,7 @@ impl OwnWatches {
                 })
                 .collect();
             // The most recently changed first.
-            ready.sort_unstable_by(|a, b| b.1.changed.cmp(&a.1.changed));
+            ready.sort_unstable_by_key(|(_, k)| std::cmp::Reverse(k.changed));
             let room = self.budget - self.open.len();
             let start: Vec<(String, u64)> = ready
                 .into_iter()
