@@ -1,9 +1,10 @@
 //! Watches Consul with a bounded number of connections whatever the number of services.
 //!
 //! A watch starts with a full list (every service fetched with bounded concurrency) sent as one
-//! `Reset`. Then up to `--consul-service-watches` services (64 by default) each hold a
-//! blocking query of their own ([`own_watch`]): its answer *is* that service's change (an
-//! instance added, removed or changed, a check, its node), one request per change. Three more
+//! `Reset`. Then up to `--consul-service-watches` services (64 by default; the ones that
+//! changed last) each hold a blocking query of their own ([`own_watch`]): its answer *is* that
+//! service's change (an instance added, removed or changed, a check, its node), one request per
+//! change, and it explains the catalog's wake-up for the same write ([`unexplained`]). Three more
 //! blocking queries ([`crate::watch`]) say when something else changed, and the requests that
 //! follow are in proportion to what changed where Consul's answers say what:
 //!
@@ -14,10 +15,11 @@
 //!   retagged ones not watched fetched, the removed ones removed, and a filtered-out service
 //!   costs nothing. When the index moved by exactly one (one Raft entry since the last
 //!   answer, so no other change can hide in it) that is all;
-//! * anything else (several Raft entries between two answers, an instance change that leaves
-//!   the map as it was, a node change, a node check) cannot be pinned on services from what
-//!   Consul sent: when every service is watched, their own queries see it and nothing more is
-//!   read; otherwise a *sweep* asks each service that is not watched for its own
+//! * one entry that moved no name is an instance change: explained when an own query answers
+//!   with the same index, swept when none does within [`unexplained::GRACE`];
+//! * anything else (several Raft entries between two answers, a node change, a node check)
+//!   cannot be pinned on services from what Consul sent: when every service is watched, their
+//!   own queries see it and nothing more is read; otherwise a *sweep* asks each service that is not watched for its own
 //!   `X-Consul-Index` (an empty answer) and fetches only those whose index moved. Consul offers
 //!   no bulk way to learn which services moved, and its agent refuses more than
 //!   `limits.http_max_conns_per_client` (200) connections from one address: that is what
