@@ -4,7 +4,8 @@
 //!
 //! A watched service needs nothing else: its own query wakes on anything that changes it (an
 //! instance, a check, its node), so the watch loop ([`super`]) leaves it out of sweeps and of
-//! the services a change names. Only services beyond the budget are swept.
+//! the services a change names. Only services beyond the budget are swept. With more services
+//! than the budget, the ones that changed last hold the queries ([`OwnWatches::make_room`]).
 
 use std::collections::HashMap;
 
@@ -117,9 +118,10 @@ impl OwnWatches {
         if self.budget == 0 || self.open.len() < self.budget {
             return Vec::new();
         }
+        let now = tokio::time::Instant::now();
         let mut newer: Vec<u64> = known
             .iter()
-            .filter(|(n, k)| k.changed > 0 && watchable(k) && !self.open.contains_key(*n))
+            .filter(|(n, k)| k.changed > 0 && ready(k, now) && !self.open.contains_key(*n))
             .map(|(_, k)| k.changed)
             .collect();
         if newer.is_empty() {
@@ -155,11 +157,7 @@ impl OwnWatches {
             let now = tokio::time::Instant::now();
             let mut ready: Vec<(&String, &ServiceState)> = known
                 .iter()
-                .filter(|(n, k)| {
-                    watchable(k)
-                        && k.rewatch_at.is_none_or(|t| t <= now)
-                        && !self.open.contains_key(*n)
-                })
+                .filter(|(n, k)| ready(k, now) && !self.open.contains_key(*n))
                 .collect();
             // The most recently changed first.
             ready.sort_unstable_by_key(|(_, k)| std::cmp::Reverse(k.changed));
@@ -185,9 +183,10 @@ impl OwnWatches {
     }
 }
 
-/// A service that may hold its own query: read at least once, and not failing.
-fn watchable(k: &ServiceState) -> bool {
-    k.retry.is_none() && k.index != 0
+/// A service that may hold its own query at `now`: read at least once, not failing, and not
+/// just cut off.
+fn ready(k: &ServiceState, now: tokio::time::Instant) -> bool {
+    k.retry.is_none() && k.index != 0 && k.rewatch_at.is_none_or(|t| t <= now)
 }
 
 impl Drop for OwnWatches {
