@@ -137,6 +137,15 @@ impl FakeConsul {
         self.requests.lock().expect("lock").clone()
     }
 
+    /// The blocking queries sent for `service`'s health (its own query, re-armed after each
+    /// answer or wait).
+    pub fn own_queries(&self, service: &str) -> usize {
+        self.requests_to(&format!("/v1/health/service/{service}"))
+            .iter()
+            .filter(|r| r.param("index").is_some())
+            .count()
+    }
+
     /// Requests whose path is `path`.
     pub fn requests_to(&self, path: &str) -> Vec<Request> {
         self.requests()

@@ -713,7 +713,7 @@ mod tests {
     }
 
     /// A service with its own blocking query gets its change from that query's answer alone:
-    /// no sweep, no other read. Services beyond `--consul-service-watches` are swept.
+    /// no sweep, no other read.
     #[tokio::test]
     async fn a_watched_service_changes_through_its_own_query() {
         use std::sync::atomic::AtomicU64;
@@ -739,13 +739,8 @@ mod tests {
         let registry = ConsulRegistry::with_token(&config(&fake, &[]), None).expect("registry");
         let mut events = registry.watch();
         assert!(matches!(next(&mut events).await, RegistryEvent::Reset(s) if s.len() == 3));
-        let watching = |name: &str| {
-            fake.requests_to(&format!("/v1/health/service/{name}"))
-                .iter()
-                .any(|r| r.param("index").is_some())
-        };
         wait_until("three own watches", || {
-            ["a", "b", "c"].iter().all(|n| watching(n))
+            ["a", "b", "c"].iter().all(|n| fake.own_queries(n) > 0)
         })
         .await;
         assert_eq!(
@@ -806,15 +801,10 @@ mod tests {
         let registry = ConsulRegistry::with_token(&cfg, None).expect("registry");
         let mut events = registry.watch();
         assert!(matches!(next(&mut events).await, RegistryEvent::Reset(s) if s.len() == 3));
-        let watched = || -> Vec<String> {
+        let watched = || -> Vec<&str> {
             ["a", "b", "c"]
-                .iter()
-                .filter(|n| {
-                    fake.requests_to(&format!("/v1/health/service/{n}"))
-                        .iter()
-                        .any(|r| r.param("index").is_some())
-                })
-                .map(|n| n.to_string())
+                .into_iter()
+                .filter(|n| fake.own_queries(n) > 0)
                 .collect()
         };
         wait_until("one own watch", || watched().len() == 1).await;
@@ -888,12 +878,7 @@ mod tests {
         let registry = ConsulRegistry::with_token(&cfg, None).expect("registry");
         let mut events = registry.watch();
         assert!(matches!(next(&mut events).await, RegistryEvent::Reset(s) if s.len() == 3));
-        let queries = |name: &str| {
-            fake.requests_to(&format!("/v1/health/service/{name}"))
-                .iter()
-                .filter(|r| r.param("index").is_some())
-                .count()
-        };
+        let queries = |name: &str| fake.own_queries(name);
         wait_until("one own query", || {
             ["a", "b", "c"].iter().map(|n| queries(n)).sum::<usize>() == 1
         })

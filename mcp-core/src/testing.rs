@@ -209,11 +209,11 @@ pub fn filled_service_entry() -> ServiceEntry {
 pub struct Rng(pub u64);
 
 impl Rng {
-    /// A number below `n`.
+    /// A number below `n` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
-        self.0 % n
+        self.0 % n.max(1)
     }
 }

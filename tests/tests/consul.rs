@@ -712,16 +712,19 @@ fn virtual_ips_never_move_and_replicas_started_later_agree() {
     }
 }
 
-/// `n` services of [`bulk`] registered on `consul`, and an adapter with `extra` serving all of
-/// them, ready.
-fn serving(consul: &Consul, n: usize, extra: &[&str]) -> Adapter {
+/// An agent with `hcl` and its network coordinates off, `n` services of [`bulk`] registered on
+/// it, and an adapter with `extra` serving all of them, ready. The coordinates are Raft entries
+/// too (one every 15-30 s): one landing between two catalog answers makes a change swept
+/// (adapter-consul's README), so what one change costs could not be counted exactly.
+fn serving(hcl: &str, n: usize, extra: &[&str]) -> (Consul, Adapter) {
+    let consul = Consul::start(Some(&format!("disable_coordinates = true\n{hcl}")));
     consul.register_bulk(&bulk(n, 1));
-    let a = adapter(consul, extra, &[("RUST_LOG", "info,adapter_consul=debug")]);
+    let a = adapter(&consul, extra, &[("RUST_LOG", "info,adapter_consul=debug")]);
     wait_for(Duration::from_secs(60), "every service served", || {
         (a.metric("mcp_adapter_resources") >= n as f64).then_some(())
     });
     a.wait_ready();
-    a
+    (consul, a)
 }
 
 /// Requests to Consul counted by the adapter, by endpoint and mode (`watch` or `read`).
@@ -756,10 +759,6 @@ fn a_change_costs_requests_in_proportion_to_what_changed() {
     const FETCH: &str = "/v1/health/service/:name";
     const LOOK: &str = "/v1/health/service/:name?index-only";
     const NODE_SERVICES: &str = "/v1/catalog/node-services/:node";
-    // The agent's network coordinates are Raft entries too (one every 15-30 s): one landing
-    // between two catalog answers makes the second change swept (adapter-consul's README).
-    // Off here, so that what one registration costs is what is measured, every run.
-    let consul = Consul::start(Some("disable_coordinates = true"));
     // No service holds its own query here: what the change watches and sweeps cost
     // (`an_instance_change_costs_its_own_answer_and_nothing_else` covers the watched ones).
     let flags = [
@@ -768,7 +767,7 @@ fn a_change_costs_requests_in_proportion_to_what_changed() {
         "--consul-service-watches",
         "0",
     ];
-    let a = serving(&consul, N, &flags);
+    let (consul, a) = serving("", N, &flags);
     let xds = a.xds_url();
     assert_eq!(requests(&a, FETCH, "read"), N as f64, "the first list");
     settled(&a);
@@ -934,14 +933,13 @@ fn costs_own_answers(
 #[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
 fn an_instance_change_costs_its_own_answer_and_nothing_else() {
     const N: usize = 120;
-    let consul = Consul::start(Some("disable_coordinates = true"));
     let flags = [
         "--exclude-service",
         "cons*,hidden*",
         "--consul-service-watches",
         "150",
     ];
-    let a = serving(&consul, N, &flags);
+    let (consul, a) = serving("", N, &flags);
     let xds = a.xds_url();
     let watching = || a.metric("mcp_adapter_registry_service_watches");
     wait_for(Duration::from_secs(20), "every service watched", || {
@@ -1063,16 +1061,13 @@ fn an_instance_change_costs_its_own_answer_and_nothing_else() {
 #[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
 fn an_agent_out_of_connections_gets_fewer_watches_and_loses_nothing() {
     const N: usize = 100;
-    let consul = Consul::start(Some(
-        "disable_coordinates = true\nlimits { http_max_conns_per_client = 80 }",
-    ));
     let flags = [
         "--exclude-service",
         "consul",
         "--consul-service-watches",
         "100",
     ];
-    let a = serving(&consul, N, &flags);
+    let (consul, a) = serving("limits { http_max_conns_per_client = 80 }", N, &flags);
     let xds = a.xds_url();
     wait_for(Duration::from_secs(30), "a refusal seen", || {
         a.log()
@@ -1142,8 +1137,7 @@ fn an_agent_out_of_connections_gets_fewer_watches_and_loses_nothing() {
 fn services_that_churn_get_their_own_queries_with_the_default_budget() {
     const N: usize = 200;
     const LOOK: &str = "/v1/health/service/:name?index-only";
-    let consul = Consul::start(Some("disable_coordinates = true"));
-    let a = serving(&consul, N, &["--exclude-service", "consul"]);
+    let (consul, a) = serving("", N, &["--exclude-service", "consul"]);
     let xds = a.xds_url();
     wait_for(Duration::from_secs(20), "64 own queries", || {
         (a.metric("mcp_adapter_registry_service_watches") == 64.0).then_some(())

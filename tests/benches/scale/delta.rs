@@ -13,7 +13,8 @@ use rustix::fs::inotify;
 use crate::adapter::{times, AdapterProc, PUBLISHED, SENT_CHANGES, SENT_FULL_SET};
 use crate::inventory::{service_name, Inventory};
 use crate::sinks::{Line, Mode, SinkProc};
-use crate::util::{ms_between, now_ns, Rng};
+use crate::util::{ms_between, now_ns};
+use mcp_core::testing::Rng;
 
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 /// adapter-file re-reads a file modified less than 2 s before its last read; a file is edited

@@ -130,15 +130,3 @@ pub fn machine() -> String {
         bench::load_average()
     )
 }
-
-/// xorshift64: spreads the pauses between changes over the poll interval.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
