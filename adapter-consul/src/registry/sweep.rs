@@ -37,17 +37,25 @@ impl Inner {
         which: Which<'_>,
         watched: &OwnWatches,
     ) -> Result<(), ConsulError> {
-        let due: Vec<(String, How)> = known
-            .iter()
-            .filter(|(n, k)| k.retry.is_none() && !watched.contains(n))
-            .filter_map(|(n, k)| match which {
-                Which::Unwatched => Some((n.clone(), How::Compare(k.index))),
-                Which::Named(names) => names.get(n).map(|i| (n.clone(), How::Since(*i))),
-                Which::Look(names) => names
-                    .contains(n)
-                    .then(|| (n.clone(), How::Compare(k.index))),
-            })
-            .collect();
+        // A few named services are found by name, not by going through every known one.
+        let eligible = |n: &String, k: &ServiceState| k.retry.is_none() && !watched.contains(n);
+        let due_now = |n: &String| known.get(n).filter(|k| eligible(n, k));
+        let due: Vec<(String, How)> = match which {
+            Which::Unwatched => known
+                .iter()
+                .filter(|(n, k)| eligible(n, k))
+                .map(|(n, k)| (n.clone(), How::Compare(k.index)))
+                .collect(),
+            Which::Named(names) => names
+                .iter()
+                .filter(|(n, _)| due_now(n).is_some())
+                .map(|(n, i)| (n.clone(), How::Since(*i)))
+                .collect(),
+            Which::Look(names) => names
+                .iter()
+                .filter_map(|n| due_now(n).map(|k| (n.clone(), How::Compare(k.index))))
+                .collect(),
+        };
         let started = std::time::Instant::now();
         let looked = due.len();
         let results = self.look(due).await;
