@@ -194,7 +194,9 @@ impl Inner {
                 () = sleep_until(unexplained.due()) => {
                     tracing::debug!("A catalog change no own query explained; sweeping.");
                     unexplained.clear();
-                    self.sweep(&tx, &mut known, Which::Unwatched, &own).await?;
+                    let except = BTreeSet::new();
+                    self.sweep(&tx, &mut known, Which::Unwatched { except: &except }, &own)
+                        .await?;
                     self.rebalance(&tx, &mut known, &mut own).await?;
                     continue;
                 }
@@ -386,7 +388,15 @@ impl Inner {
             }
             if everything {
                 unexplained.clear();
-                self.sweep(&tx, &mut known, Which::Unwatched, &own).await?;
+                // A service the catalog's last answer named was just read at (or past) that
+                // answer's index, which is what this sweep looks for.
+                let except: BTreeSet<String> = named
+                    .iter()
+                    .filter(|(_, i)| **i >= catalog_index)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                self.sweep(&tx, &mut known, Which::Unwatched { except: &except }, &own)
+                    .await?;
             }
             self.rebalance(&tx, &mut known, &mut own).await?;
         }

@@ -19,8 +19,12 @@ use crate::client::ConsulError;
 /// Which services a sweep looks at.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Which<'a> {
-    /// Every one: its own index, fetched only when it moved.
-    Unwatched,
+    /// Every one but `except` (just read at the index of the change that causes this sweep):
+    /// its own index, fetched only when it moved.
+    Unwatched {
+        /// Services already read past the change.
+        except: &'a BTreeSet<String>,
+    },
     /// These, each fetched after the change (at that index) that named it.
     Named(&'a BTreeMap<String, u64>),
     /// These: their own index, fetched only when it moved.
@@ -41,9 +45,9 @@ impl Inner {
         let eligible = |n: &String, k: &ServiceState| k.retry.is_none() && !watched.contains(n);
         let due_now = |n: &String| known.get(n).filter(|k| eligible(n, k));
         let due: Vec<(String, How)> = match which {
-            Which::Unwatched => known
+            Which::Unwatched { except } => known
                 .iter()
-                .filter(|(n, k)| eligible(n, k))
+                .filter(|(n, k)| eligible(n, k) && !except.contains(*n))
                 .map(|(n, k)| (n.clone(), How::Compare(k.index)))
                 .collect(),
             Which::Named(names) => names
