@@ -229,27 +229,19 @@ impl Compose {
     }
 
     fn dump_failing(&self) {
-        let out = self.docker(&[
-            "compose",
-            "-f",
-            &self.file.display().to_string(),
-            "ps",
-            "-a",
-        ]);
+        let file = self.file.display().to_string();
+        let ps = |extra: &[&str]| {
+            let mut args = vec!["compose", "-f", file.as_str(), "ps", "-a"];
+            args.extend_from_slice(extra);
+            self.docker(&args)
+        };
+        let out = ps(&[]);
         eprintln!(
             "---- docker compose ps -a ----\n{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let out = self.docker(&[
-            "compose",
-            "-f",
-            &self.file.display().to_string(),
-            "ps",
-            "-a",
-            "--format",
-            "json",
-        ]);
+        let out = ps(&["--format", "json"]);
         let ps = parse_ps(&String::from_utf8_lossy(&out.stdout)).unwrap_or_default();
         for c in ps {
             let state = c["State"].as_str().unwrap_or("");

@@ -344,9 +344,7 @@ fn adapter_consul_image_serves_a_consul_service() {
         &["-e", &env, "-e", "MCP_CONSUL_EXCLUDE_SERVICES=consul"],
         &[],
     );
-    let items = mcpctl_get(&xds);
-    assert_eq!(item_names(&items), ["consul/web"]);
-    assert_eq!(e2e::endpoint_addresses(&items[0]), ["10.9.0.1"]);
+    wait_served_alone(&xds, "consul/web", "10.9.0.1");
 }
 
 /// adapter-zookeeper's image beside the ZooKeeper stand-in: a Curator registration (made with
@@ -387,11 +385,7 @@ fn adapter_zookeeper_image_serves_a_curator_service() {
     }
     let env = format!("ZK_SERVERS={}:2181", ip_on(&zk, &net));
     let (_c, xds) = start_adapter("zookeeper", Some(&net), &["-e", &env], &[]);
-    let items = wait_for(Duration::from_secs(30), "zookeeper/web served", || {
-        let items = mcpctl_get(&xds);
-        (item_names(&items) == ["zookeeper/web"]).then_some(items)
-    });
-    assert_eq!(e2e::endpoint_addresses(&items[0]), ["10.9.0.2"]);
+    wait_served_alone(&xds, "zookeeper/web", "10.9.0.2");
 }
 
 /// adapter-eureka's image beside the demo's Eureka server image (docker/Dockerfile.eureka): an
@@ -425,11 +419,7 @@ fn adapter_eureka_image_serves_a_eureka_instance() {
     assert_eq!(status, 204, "{resp}");
     let env = format!("EUREKA_URL=http://{}:8761/eureka", ip_on(&eureka, &net));
     let (_c, xds) = start_adapter("eureka", Some(&net), &["-e", &env], &[]);
-    let items = wait_for(Duration::from_secs(30), "eureka/web served", || {
-        let items = mcpctl_get(&xds);
-        (item_names(&items) == ["eureka/web"]).then_some(items)
-    });
-    assert_eq!(e2e::endpoint_addresses(&items[0]), ["10.9.0.3"]);
+    wait_served_alone(&xds, "eureka/web", "10.9.0.3");
 }
 
 /// adapter-kube's image against the tests' kube-apiserver, with a kubeconfig mounted read-only
@@ -487,6 +477,19 @@ fn adapter_kube_image_serves_a_kubernetes_service() {
     });
     let web = e2e::find(&items, "web").expect("web");
     assert_eq!(e2e::endpoint_addresses(web), ["10.9.0.4"]);
+}
+
+/// Waits until `xds` serves exactly `ns_name`, with the one endpoint `address`.
+fn wait_served_alone(xds: &str, ns_name: &str, address: &str) {
+    let items = wait_for(
+        Duration::from_secs(30),
+        &format!("{ns_name} served"),
+        || {
+            let items = mcpctl_get(xds);
+            (item_names(&items) == [ns_name]).then_some(items)
+        },
+    );
+    assert_eq!(e2e::endpoint_addresses(&items[0]), [address], "{ns_name}");
 }
 
 fn chmod(p: &Path, mode: u32) {
