@@ -129,7 +129,10 @@ impl Eureka {
                 format!("--spring.security.user.name={user}"),
                 format!("--spring.security.user.password={password}"),
             ],
-            Some(format!("Basic {}", base64(&format!("{user}:{password}")))),
+            Some(format!(
+                "Basic {}",
+                crate::base64(format!("{user}:{password}").as_bytes())
+            )),
             None,
         )
     }
@@ -377,26 +380,4 @@ impl Eureka {
             })
             .collect()
     }
-}
-
-/// Standard base64 with padding (for a basic-auth header; no crate needed for that).
-fn base64(s: &str) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in s.as_bytes().chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }

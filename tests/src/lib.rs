@@ -400,3 +400,25 @@ pub fn ports(item: &serde_json::Value) -> Vec<(u64, String, String)> {
 pub fn port_protocols(item: &serde_json::Value) -> Vec<(u64, String)> {
     ports(item).into_iter().map(|(n, _, p)| (n, p)).collect()
 }
+
+/// Standard base64 with padding (a basic-auth header, a kubeconfig's inline CA; no crate needed).
+pub fn base64(data: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}

@@ -447,7 +447,7 @@ fn adapter_kube_image_serves_a_kubernetes_service() {
     let ca = std::fs::read(kube.ca()).expect("read CA");
     let config = json!({
         "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "t", "cluster": {"server": kube.url(), "certificate-authority-data": base64(&ca)}}],
+        "clusters": [{"name": "t", "cluster": {"server": kube.url(), "certificate-authority-data": e2e::base64(&ca)}}],
         "users": [{"name": "t", "user": {"token": e2e::kube::ADMIN_TOKEN}}],
         "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
         "current-context": "t",
@@ -497,32 +497,11 @@ fn chmod(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
-fn base64(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut s = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                s.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                s.push('=');
-            }
-        }
-    }
-    s
-}
-
 #[test]
 fn base64_matches_the_rfc_examples() {
-    assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-    assert_eq!(base64(b"fooba"), "Zm9vYmE=");
-    assert_eq!(base64(b"foob"), "Zm9vYg==");
+    assert_eq!(e2e::base64(b"foobar"), "Zm9vYmFy");
+    assert_eq!(e2e::base64(b"fooba"), "Zm9vYmE=");
+    assert_eq!(e2e::base64(b"foob"), "Zm9vYg==");
 }
 
 /// Serves `file` to any GET on 0.0.0.0:PORT (the compose network reaches it at its gateway), for
