@@ -27,6 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .btree_map(".")
         .build_server(false)
         .build_client(true)
+        // The clients need tonic: only with the `grpc` feature (the messages alone need prost).
+        .client_mod_attribute(".", "#[cfg(feature = \"grpc\")]")
         .file_descriptor_set_path(out_dir.join("mcp_descriptor.bin"))
         .compile_protos(&PROTOS.map(PathBuf::from), &[PathBuf::from("proto"), wkt])?;
 

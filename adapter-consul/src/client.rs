@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mcp_core::clip::error_chain;
 use mcp_core::clip::quoted_body;
-use mcp_core::telemetry::error_chain;
 use reqwest::StatusCode;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use tokio::sync::Semaphore;
@@ -20,8 +20,8 @@ use tokio::sync::Semaphore;
 use crate::config::{ConsulConfig, MAX_CONCURRENCY};
 use crate::convert::HealthEntry;
 use crate::stats::ConsulStats;
-use mcp_core::http_client::{BodyError, ReloadingClient};
-use mcp_core::secret::{Secret, SecretSource};
+use mcp_runtime::http_client::{BodyError, ReloadingClient};
+use mcp_runtime::secret::{Secret, SecretSource};
 
 /// Why a request to Consul failed.
 #[derive(Debug, thiserror::Error)]

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::flags::{FilterFlags, ResponseFlags, TlsFlags};
 use mcp_core::parse;
+use mcp_runtime::flags::{FilterFlags, ResponseFlags, TlsFlags};
 
 /// Consul connection and selection settings.
 #[derive(Clone, Debug, clap::Args)]
@@ -142,13 +142,13 @@ pub struct ConsulConfig {
     pub service_watches: usize,
 }
 
-mcp_core::filter_names!(
+mcp_runtime::filter_names!(
     /// The names of adapter-consul's service filter.
     ConsulServices: "service" ("MCP_CONSUL_SERVICES") / "exclude-service" ("MCP_CONSUL_EXCLUDE_SERVICES"),
     "these services", "these services"
 );
 
-mcp_core::tls_names!(
+mcp_runtime::tls_names!(
     /// The names of adapter-consul's TLS files: the consul CLI's.
     ConsulTls: "Consul",
     ca "consul-ca" ("CONSUL_CACERT"),
@@ -160,7 +160,7 @@ mcp_core::tls_names!(
 pub const MAX_CONCURRENCY: usize = 128;
 
 /// What `main` runs: these flags build a [`ConsulRegistry`](crate::registry::ConsulRegistry).
-impl mcp_core::entry::AdapterConfig for ConsulConfig {
+impl mcp_runtime::entry::AdapterConfig for ConsulConfig {
     type Registry = crate::registry::ConsulRegistry;
     type Error = crate::registry::ConfigError;
     const NAME: &'static str = env!("CARGO_PKG_NAME");
@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn flags_are_consistent() {
-        mcp_core::entry::command::<ConsulConfig>().debug_assert();
+        mcp_runtime::entry::command::<ConsulConfig>().debug_assert();
     }
 
     /// The boolean flags take Go's boolean values as the consul CLI's environment variables do
@@ -187,7 +187,7 @@ mod tests {
     #[test]
     fn boolean_flags_take_a_value() {
         let parse = |args: &[&str]| {
-            let m = mcp_core::entry::command::<ConsulConfig>()
+            let m = mcp_runtime::entry::command::<ConsulConfig>()
                 .try_get_matches_from(std::iter::once("adapter-consul").chain(args.iter().copied()))
                 .unwrap_or_else(|e| panic!("{args:?}: {e}"));
             ConsulConfig::from_arg_matches(&m).expect("config")

@@ -1,7 +1,7 @@
 //! adapter-consul: Consul services as Istio ServiceEntries.
 //!
-//! [`config`] holds the flags, [`client`] the Consul HTTP API (over `mcp_core::http_client`, with
-//! the token from `mcp_core::secret`), [`convert`] the mapping from Consul's health entries to the model,
+//! [`config`] holds the flags, [`client`] the Consul HTTP API (over `mcp_runtime::http_client`, with
+//! the token from `mcp_runtime::secret`), [`convert`] the mapping from Consul's health entries to the model,
 //! [`watch`] the blocking queries that signal changes and [`registry`] the watcher that finds
 //! and fetches what changed.
 

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use mcp_core::http_client::{BodyError, HttpError, ReloadingClient};
-use mcp_core::secret::{Secret, SecretSource};
+use mcp_runtime::http_client::{BodyError, HttpError, ReloadingClient};
+use mcp_runtime::secret::{Secret, SecretSource};
 use reqwest::StatusCode;
 
 use crate::config::EurekaConfig;

@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::flags::{FilterFlags, ResponseFlags, TlsFlags};
 use mcp_core::parse;
+use mcp_runtime::flags::{FilterFlags, ResponseFlags, TlsFlags};
 
 /// Eureka connection and selection settings.
 #[derive(Clone, Debug, clap::Args)]
@@ -60,13 +60,13 @@ pub struct EurekaConfig {
     pub apps: FilterFlags<EurekaApps>,
 }
 
-mcp_core::filter_names!(
+mcp_runtime::filter_names!(
     /// The names of adapter-eureka's app filter.
     EurekaApps: "app" ("MCP_EUREKA_APPS") / "exclude-app" ("MCP_EUREKA_EXCLUDE_APPS"),
     "these apps (case-insensitive)", "these apps (case-insensitive)"
 );
 
-mcp_core::tls_names!(
+mcp_runtime::tls_names!(
     /// The names of adapter-eureka's TLS files.
     EurekaTls: "Eureka",
     ca "eureka-ca" ("EUREKA_CA"),
@@ -92,7 +92,7 @@ impl EurekaConfig {
 }
 
 /// What `main` runs: these flags build a [`EurekaRegistry`](crate::registry::EurekaRegistry).
-impl mcp_core::entry::AdapterConfig for EurekaConfig {
+impl mcp_runtime::entry::AdapterConfig for EurekaConfig {
     type Registry = crate::registry::EurekaRegistry;
     type Error = crate::registry::SetupError;
     const NAME: &'static str = env!("CARGO_PKG_NAME");
@@ -144,6 +144,6 @@ pub(crate) mod tests {
 
     #[test]
     fn flags_are_consistent() {
-        mcp_core::entry::command::<EurekaConfig>().debug_assert();
+        mcp_runtime::entry::command::<EurekaConfig>().debug_assert();
     }
 }

@@ -6,6 +6,6 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
-    mcp_core::entry::run::<adapter_eureka::EurekaConfig>()?;
+    mcp_runtime::entry::run::<adapter_eureka::EurekaConfig>()?;
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Flags of the file adapter (the shared ones are in [`mcp_core::CommonArgs`]).
+//! Flags of the file adapter (the shared ones are in [`mcp_runtime::CommonArgs`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -112,7 +112,7 @@ impl FileConfig {
 }
 
 /// What `main` runs: these flags build a [`FileRegistry`](crate::registry::FileRegistry).
-impl mcp_core::entry::AdapterConfig for FileConfig {
+impl mcp_runtime::entry::AdapterConfig for FileConfig {
     type Registry = crate::registry::FileRegistry;
     type Error = ConfigError;
     const NAME: &'static str = env!("CARGO_PKG_NAME");
@@ -197,6 +197,6 @@ mod tests {
 
     #[test]
     fn flags_are_consistent() {
-        mcp_core::entry::command::<FileConfig>().debug_assert();
+        mcp_runtime::entry::command::<FileConfig>().debug_assert();
     }
 }

@@ -6,6 +6,6 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
-    mcp_core::entry::run::<adapter_file::FileConfig>()?;
+    mcp_runtime::entry::run::<adapter_file::FileConfig>()?;
     Ok(())
 }

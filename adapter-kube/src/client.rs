@@ -5,12 +5,12 @@ use mcp_core::RegistryError;
 
 use crate::config::KubeConfig;
 
-pub use mcp_core::kube_output::ClientError;
+pub use mcp_kube_output::ClientError;
 
 /// A client for the cluster the flags name (kubectl's order; the same code as the Kubernetes
 /// output's).
 pub async fn connect(cfg: &KubeConfig) -> Result<Client, ClientError> {
-    mcp_core::kube_output::connect(cfg.kubeconfig.as_deref(), cfg.context.as_deref()).await
+    mcp_kube_output::connect(cfg.kubeconfig.as_deref(), cfg.context.as_deref()).await
 }
 
 /// What the adapter was doing when a request failed, for the error message.

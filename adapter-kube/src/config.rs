@@ -86,7 +86,7 @@ pub struct KubeConfig {
 }
 
 /// What `main` runs: these flags build a [`KubeRegistry`](crate::registry::KubeRegistry).
-impl mcp_core::entry::AdapterConfig for KubeConfig {
+impl mcp_runtime::entry::AdapterConfig for KubeConfig {
     type Registry = crate::registry::KubeRegistry;
     type Error = crate::client::ClientError;
     const NAME: &'static str = env!("CARGO_PKG_NAME");
@@ -122,6 +122,6 @@ mod tests {
 
     #[test]
     fn flags_are_consistent() {
-        mcp_core::entry::command::<KubeConfig>().debug_assert();
+        mcp_runtime::entry::command::<KubeConfig>().debug_assert();
     }
 }

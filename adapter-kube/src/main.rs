@@ -6,6 +6,6 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
-    mcp_core::entry::run::<adapter_kube::KubeConfig>()?;
+    mcp_runtime::entry::run::<adapter_kube::KubeConfig>()?;
     Ok(())
 }

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mcp_core::flags::FilterFlags;
 use mcp_core::parse;
+use mcp_runtime::flags::FilterFlags;
 
 /// Which ZooKeeper layouts to read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -99,21 +99,21 @@ pub struct ZookeeperConfig {
     pub dubbo_versions: FilterFlags<DubboVersions>,
 }
 
-mcp_core::filter_names!(
+mcp_runtime::filter_names!(
     /// The names of adapter-zookeeper's service filter.
     ZkServices: "service" ("MCP_ZK_SERVICES") / "exclude-service" ("MCP_ZK_EXCLUDE_SERVICES"),
     "these services: Dubbo interfaces, Curator/Spring services or Dubbo 3 applications",
     "these services"
 );
 
-mcp_core::filter_names!(
+mcp_runtime::filter_names!(
     /// The names of the Dubbo group filter.
     DubboGroups: "dubbo-group" ("MCP_ZK_DUBBO_GROUPS") / "exclude-dubbo-group" ("MCP_ZK_EXCLUDE_DUBBO_GROUPS"),
     "Dubbo providers in these groups (a provider without a group has the empty group, which only `*` matches)",
     "Dubbo providers in these groups"
 );
 
-mcp_core::filter_names!(
+mcp_runtime::filter_names!(
     /// The names of the Dubbo version filter.
     DubboVersions: "dubbo-version" ("MCP_ZK_DUBBO_VERSIONS") / "exclude-dubbo-version" ("MCP_ZK_EXCLUDE_DUBBO_VERSIONS"),
     "Dubbo providers of these versions (no version is the empty one, matched by `*`)",
@@ -159,7 +159,7 @@ pub fn normalize_root(r: &str) -> String {
 }
 
 /// What `main` runs: these flags build a [`ZookeeperRegistry`](crate::ZookeeperRegistry).
-impl mcp_core::entry::AdapterConfig for ZookeeperConfig {
+impl mcp_runtime::entry::AdapterConfig for ZookeeperConfig {
     type Registry = crate::ZookeeperRegistry;
     type Error = crate::registry::ConfigError;
     const NAME: &'static str = env!("CARGO_PKG_NAME");
@@ -213,6 +213,6 @@ mod tests {
 
     #[test]
     fn flags_are_consistent() {
-        mcp_core::entry::command::<ZookeeperConfig>().debug_assert();
+        mcp_runtime::entry::command::<ZookeeperConfig>().debug_assert();
     }
 }

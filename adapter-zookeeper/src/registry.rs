@@ -37,7 +37,7 @@
 //! held once, per service directory, in [`crate::model`] (which also works out what a change
 //! sends); the requests that read ZooKeeper and arm its watches are [`crate::reads`].
 
-use mcp_core::secret::{Secret, SecretSource};
+use mcp_runtime::secret::{Secret, SecretSource};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;

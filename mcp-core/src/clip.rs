@@ -46,6 +46,24 @@ pub fn clip_error(s: String) -> String {
     }
 }
 
+/// An error and every `source()` below it, joined by `: ` (what `{:#}` prints for anyhow): the
+/// cause that says what to fix is usually the innermost one (a refused connection under a
+/// "transport error").
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        let text = inner.to_string();
+        // Some errors repeat their source in their own message; say it once.
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = inner.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +105,26 @@ mod tests {
         // 'é' is two bytes: byte 5 is inside the third one.
         let cut = clip("ééééé", 5);
         assert_eq!(cut, "éé …[6 bytes cut]");
+    }
+
+    #[test]
+    fn error_chains() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("transport error")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Outer(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        ));
+        assert_eq!(error_chain(&e), "transport error: connection refused");
     }
 }

@@ -19,11 +19,11 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use crate::cache::{encode, Change, Entry, Snapshot};
-use crate::cli::OnEmpty;
 use crate::metrics::Metrics;
 use crate::model::{Resolution, Service, ServiceKey};
 use crate::registry::RegistryEvent;
 use crate::shard::shard_of;
+use crate::translate::OnEmpty;
 use crate::translate::{translate, TranslateConfig};
 use crate::vip::{needs_vip, Vips};
 

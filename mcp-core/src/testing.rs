@@ -17,7 +17,6 @@ use proto::istio::networking::v1alpha3::{
     service_entry, ServiceEntry, ServicePort, WorkloadEntry, WorkloadSelector,
 };
 
-use crate::cli::CommonArgs;
 use crate::model::{Endpoint, Port, Service, ServiceKey};
 use crate::registry::{Registry, RegistryError, RegistryEvent};
 
@@ -99,24 +98,6 @@ impl Registry for FakeRegistry {
             None => Box::pin(futures::stream::pending()),
         }
     }
-}
-
-/// Common flags for tests: every default, as a user running the binary gets them (coalescing
-/// on too), except both ports on 127.0.0.1:0.
-pub fn test_args() -> CommonArgs {
-    #[derive(clap::Parser)]
-    struct Defaults {
-        #[command(flatten)]
-        common: CommonArgs,
-    }
-    <Defaults as clap::Parser>::parse_from([
-        "test",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-    ])
-    .common
 }
 
 /// A valid service `name` with one HTTP port 8080 and `endpoints` IPs 10.x.y.z.
@@ -216,4 +197,19 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0 % n.max(1)
     }
+}
+
+/// An entry with no body, for tests that only look at names and versions.
+pub fn mk_entry(name: &str, version: &str) -> Arc<crate::cache::Entry> {
+    Arc::new(crate::cache::Entry {
+        name: name.into(),
+        version: version.into(),
+        resource: bytes::Bytes::new(),
+        summary: crate::cache::Summary {
+            hosts: vec![],
+            ports: 0,
+            endpoints: 0,
+            create_time: 0,
+        },
+    })
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use mcp_core::clip::error_chain;
 use mcp_core::parse;
-use mcp_core::telemetry::error_chain;
 use mcpctl::sink::{ApiVersion, Received, Sink, SinkOptions, TlsOptions, Update};
 use mcpctl::{health, render};
 

@@ -5,9 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use mcp_core::runtime;
-use mcp_core::testing::{fake_registry, mk_service, test_args};
+use mcp_core::testing::{fake_registry, mk_service};
 use mcp_core::RegistryEvent;
+use mcp_runtime::runtime;
+use mcp_runtime::testing::test_args;
 use mcpctl::health::{readyz, HealthError};
 
 const STEP: Duration = Duration::from_secs(10);

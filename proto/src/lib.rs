@@ -6,11 +6,15 @@
 //! * [`responses`]: response messages that are byte-identical on the wire to the real ones but
 //!   carry pre-encoded resources as shared [`bytes::Bytes`]. mcp-core lays its responses out with
 //!   their small fields (the resources themselves it writes straight from its cache).
-//! * [`server`]: generated gRPC server halves answering with [`responses`] messages. The adapters
-//!   do not use them (mcp-core routes the RPCs itself, `mcp-core/src/server/grpc.rs`); they are
+//! * `server`: generated gRPC server halves answering with [`responses`] messages. The adapters
+//!   do not use them (mcp-server routes the RPCs itself, `mcp-server/src/grpc.rs`); they are
 //!   the reference servers of the benches' floors and of mcpctl's network tests.
 //!
-//! The envoy xDS request types come from the `envoy-types` crate, re-exported as [`envoy`].
+//! The envoy xDS request types come from the `envoy-types` crate, re-exported as `envoy`.
+//!
+//! Feature `grpc` (off by default) adds what needs tonic: the gRPC clients, `server` and the
+//! envoy types. Without it the crate is messages only (prost), so `mcp-core`, which encodes
+//! ServiceEntries but serves nothing, builds without tonic.
 
 #![allow(missing_docs, clippy::all, clippy::unwrap_used)]
 
@@ -20,14 +24,14 @@ pub mod istio {
     pub mod mcp {
         /// `istio.mcp.v1alpha1`
         pub mod v1alpha1 {
-            tonic::include_proto!("istio.mcp.v1alpha1");
+            include!(concat!(env!("OUT_DIR"), "/istio.mcp.v1alpha1.rs"));
         }
     }
     /// `istio.networking.*`
     pub mod networking {
         /// `istio.networking.v1alpha3`
         pub mod v1alpha3 {
-            tonic::include_proto!("istio.networking.v1alpha3");
+            include!(concat!(env!("OUT_DIR"), "/istio.networking.v1alpha3.rs"));
         }
     }
 }
@@ -36,7 +40,7 @@ pub mod istio {
 pub mod google {
     /// `google.rpc`
     pub mod rpc {
-        tonic::include_proto!("google.rpc");
+        include!(concat!(env!("OUT_DIR"), "/google.rpc.rs"));
     }
 }
 
@@ -44,6 +48,7 @@ pub mod responses;
 
 /// Generated server halves of the streaming services, answering with [`responses`] messages:
 /// the benches' floor servers and mcpctl's test servers (not the adapters', see the crate docs).
+#[cfg(feature = "grpc")]
 pub mod server {
     /// `envoy.service.discovery.v3.AggregatedDiscoveryService` (SotW and delta).
     pub mod ads {
@@ -69,10 +74,12 @@ pub mod server {
 }
 
 /// Envoy xDS types (requests, and full responses for clients).
+#[cfg(feature = "grpc")]
 pub use envoy_types::pb::envoy;
 
 /// Encoded `FileDescriptorSet` of the protos in this crate, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("mcp_descriptor");
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/mcp_descriptor.bin"));
 
 /// `Any.type_url` of an MCP resource inside an xDS response.
 pub const MCP_RESOURCE_TYPE_URL: &str = "type.googleapis.com/istio.mcp.v1alpha1.Resource";

@@ -437,12 +437,22 @@ fn dockerfile_builds_once_and_yields_one_nonroot_image_per_adapter() {
         "builder {} vs the workspace rust-version {rust_version}",
         builder.base
     );
-    assert!(
-        instr(builder, "RUN")
-            .iter()
-            .any(|r| r.contains("cargo build --release --locked --workspace --bins")),
-        "the builder must build every binary once"
-    );
+    let runs = instr(builder, "RUN");
+    let build = runs
+        .iter()
+        .find(|r| r.contains("cargo build --release --locked --bins"))
+        .expect("the builder must build every binary once");
+    // By name: `--workspace` would unify features with the test crate's (the core's `testing`).
+    assert!(!build.contains("--workspace"), "{build}");
+    let words: Vec<&str> = build.split_whitespace().collect();
+    let built: BTreeSet<String> = words
+        .windows(2)
+        .filter(|w| w[0] == "-p")
+        .map(|w| w[1].to_string())
+        .collect();
+    let mut shipped = workspace_adapters();
+    shipped.insert("mcpctl".into());
+    assert_eq!(built, shipped, "every shipped binary, by package: {build}");
 
     // One shared runtime stage (distroless, nonroot, mcpctl, health check, listen addresses)
     // and one final stage per adapter of the workspace on top of it, and no other stage.

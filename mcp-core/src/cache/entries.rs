@@ -186,39 +186,12 @@ impl PartialEq for Entries {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::cache::Summary;
-    use bytes::Bytes;
-
-    pub(crate) fn mk_entry(name: &str, version: &str) -> Arc<Entry> {
-        Arc::new(Entry {
-            name: name.into(),
-            version: version.into(),
-            resource: Bytes::new(),
-            summary: Summary {
-                hosts: vec![],
-                ports: 0,
-                endpoints: 0,
-                create_time: 0,
-            },
-        })
-    }
+    use crate::testing::{mk_entry, Rng};
 
     fn names(e: &Entries) -> Vec<String> {
         e.iter().map(|e| e.name.to_string()).collect()
-    }
-
-    /// A small deterministic generator, so failures reproduce.
-    pub(crate) struct Rng(pub(crate) u64);
-
-    impl Rng {
-        pub(crate) fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
     }
 
     #[test]

@@ -10,9 +10,6 @@
 mod encode;
 mod entries;
 pub mod json;
-/// An entry with no body, for tests that only look at names and versions.
-#[cfg(test)]
-pub(crate) use entries::tests::mk_entry;
 mod snapshot;
 pub mod state_file;
 

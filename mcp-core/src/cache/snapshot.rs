@@ -356,7 +356,7 @@ fn full_diff(known: &Known, current: &Snapshot) -> (Vec<Arc<Entry>>, Vec<String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::entries::tests::{mk_entry, Rng};
+    use crate::testing::{mk_entry, Rng};
 
     #[test]
     fn version_depends_only_on_names_and_versions() {

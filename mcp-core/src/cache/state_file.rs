@@ -196,7 +196,10 @@ mod tests {
 
     fn snapshot() -> Arc<Snapshot> {
         let mut idx = Index::new(
-            crate::translate::test_config(crate::cli::OnEmpty::Keep, crate::vip::VipCidr::Off),
+            crate::translate::test_config(
+                crate::translate::OnEmpty::Keep,
+                crate::vip::VipCidr::Off,
+            ),
             Metrics::new("test").expect("metrics"),
         );
         idx.apply(RegistryEvent::Reset(vec![
@@ -279,7 +282,10 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         let mut idx = Index::new(
-            crate::translate::test_config(crate::cli::OnEmpty::Keep, crate::vip::VipCidr::Off),
+            crate::translate::test_config(
+                crate::translate::OnEmpty::Keep,
+                crate::vip::VipCidr::Off,
+            ),
             Metrics::new("test").expect("metrics"),
         );
         idx.apply(RegistryEvent::Reset(vec![mk_service("c", 3)]));

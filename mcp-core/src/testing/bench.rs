@@ -1,6 +1,6 @@
-//! Bench support shared by mcp-core's benches and the end-to-end scale bench (`tests/benches/
-//! scale`): what a process costs, read from `/proc` (memory, CPU time), and the machine a bench
-//! ran on. Linux only; a value that cannot be read is 0 (or `None`), never a panic.
+//! Bench support shared by the core benches (`mcp-runtime/benches`) and the end-to-end scale
+//! bench (`tests/benches/scale`): what a process costs, read from `/proc` (memory, CPU time),
+//! and the machine a bench ran on. Linux only; a value that cannot be read is 0 (or `None`), never a panic.
 
 use std::fmt;
 use std::process::Command;

@@ -12,11 +12,10 @@ use std::time::SystemTime;
 
 use proto::istio::networking::v1alpha3::{ServiceEntry, WorkloadEntry};
 
-use crate::cli::OnEmpty;
 use crate::model::{Endpoint, Labels, SharedStr};
 use crate::vip::VipCidr;
 
-pub(crate) use service_entry::label_safe;
+pub use service_entry::label_safe;
 pub use service_entry::translate;
 
 /// Label naming the registry type of every generated resource.
@@ -47,9 +46,39 @@ pub struct TranslateConfig {
     pub max_labels: usize,
 }
 
+/// What happens to a service whose registry lists no instance of it (every instance gone, or
+/// none healthy). `--on-empty`; its values are [`OnEmpty::NAMES`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnEmpty {
+    /// Keep its ServiceEntry with no endpoints: the host stays known to the mesh, so clients get
+    /// a fast "no healthy upstream" (503) instead of a DNS failure or a fall-through to
+    /// passthrough, and routing rules that name it stay valid while it scales through zero.
+    #[default]
+    Keep,
+    /// Remove its ServiceEntry until an instance is back.
+    Remove,
+}
+
+impl OnEmpty {
+    /// Every value with its flag spelling.
+    pub const NAMES: [(OnEmpty, &'static str); 2] =
+        [(OnEmpty::Keep, "keep"), (OnEmpty::Remove, "remove")];
+
+    /// Its flag spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnEmpty::Keep => "keep",
+            OnEmpty::Remove => "remove",
+        }
+    }
+}
+
+/// Default of `--max-labels`.
+pub const DEFAULT_MAX_LABELS: usize = 64;
+
 /// Settings for unit tests: namespace `ns`, suffix `example`.
-#[cfg(test)]
-pub(crate) fn test_config(on_empty: OnEmpty, vip_cidr: VipCidr) -> TranslateConfig {
+#[cfg(any(test, feature = "testing"))]
+pub fn test_config(on_empty: OnEmpty, vip_cidr: VipCidr) -> TranslateConfig {
     TranslateConfig {
         namespace: "ns".into(),
         host_suffix: "example".into(),
@@ -58,7 +87,7 @@ pub(crate) fn test_config(on_empty: OnEmpty, vip_cidr: VipCidr) -> TranslateConf
         source: "test".into(),
         on_empty,
         vip_cidr,
-        max_labels: crate::cli::DEFAULT_MAX_LABELS,
+        max_labels: DEFAULT_MAX_LABELS,
     }
 }
 

@@ -499,7 +499,7 @@ fn over_limit(valid: usize, max: usize, dropped: &[&str]) -> String {
 }
 
 /// Source and registry names become label values; map them rather than fail.
-pub(crate) fn label_safe(s: &str) -> String {
+pub fn label_safe(s: &str) -> String {
     let l = map_dns_label(s);
     if l.is_empty() {
         "unknown".into()
@@ -520,9 +520,9 @@ mod tests {
             export_to: vec![],
             registry: "consul".into(),
             source: "dc1".into(),
-            on_empty: crate::cli::OnEmpty::Keep,
+            on_empty: crate::translate::OnEmpty::Keep,
             vip_cidr: crate::vip::VipCidr::Off,
-            max_labels: crate::cli::DEFAULT_MAX_LABELS,
+            max_labels: crate::translate::DEFAULT_MAX_LABELS,
         }
     }
 

@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use mcp_core::telemetry::error_chain;
+use mcp_core::clip::error_chain;
 use proto::istio::mcp::v1alpha1::resource_source_client::ResourceSourceClient;
 use proto::istio::mcp::v1alpha1::{RequestResources, Resources, SinkNode};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};

@@ -35,7 +35,7 @@
 //! the generator and the prost floor, [`adapter`] the process under test, [`sinks`] and [`xds`]
 //! the out-of-process sinks, [`floor`] the push floor server, [`delta`] the one-change phase,
 //! [`report`] the CSV files and the table, [`util`] the small helpers. What a process costs is
-//! read from `/proc` with `mcp_core::testing::bench`, shared with mcp-core's benches.
+//! read from `/proc` with `mcp_core::testing::bench`, shared with the core benches (mcp-runtime/benches).
 //!
 //! Inventories are cached under `target/scale/inventory-<S>x10-f<per file>/` (1000 services per
 //! file; adapter-file reads files up to 16 MiB by default). Results: a table on stdout and CSV

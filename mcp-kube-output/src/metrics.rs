@@ -1,0 +1,63 @@
+//! The Kubernetes output's metrics (`mcp_adapter_kube_output_*`), registered beside the data
+//! path's.
+
+use mcp_core::metrics::Metrics;
+use prometheus::{Gauge, IntCounterVec, IntGauge};
+
+/// What the output counts: requests, pending objects, lag, leadership, objects, conflicts.
+#[derive(Clone, Debug)]
+pub struct OutputMetrics {
+    /// Kubernetes output: requests to the API server, by verb and HTTP code.
+    pub kube_requests: IntCounterVec,
+    /// Kubernetes output: objects still to write or delete for the newest served set.
+    pub kube_pending: IntGauge,
+    /// Kubernetes output: seconds since the oldest change the API server does not hold yet
+    /// (0 when it holds the served set).
+    pub kube_lag: Gauge,
+    /// Kubernetes output: 1 while this replica holds the Lease (writes), else 0.
+    pub kube_leader: IntGauge,
+    /// Kubernetes output: this adapter's objects in the API server.
+    pub kube_objects: IntGauge,
+    /// Kubernetes output: served names held by someone else's object (left alone).
+    pub kube_conflicts: IntGauge,
+    /// Kubernetes output: objects the API server refused.
+    pub kube_rejected: IntGauge,
+}
+
+impl OutputMetrics {
+    /// Registers the output's series in `metrics`' registry.
+    pub fn new(metrics: &Metrics) -> Result<Self, prometheus::Error> {
+        let r = metrics.registrar();
+        Ok(Self {
+            kube_requests: r.counter(
+                "mcp_adapter_kube_output_requests_total",
+                "Kubernetes output: requests to the API server, by verb and HTTP code.",
+                &["verb", "code"],
+            )?,
+            kube_pending: r.gauge(
+                "mcp_adapter_kube_output_pending",
+                "Kubernetes output: objects still to write or delete for the newest served set.",
+            )?,
+            kube_lag: r.float_gauge(
+                "mcp_adapter_kube_output_lag_seconds",
+                "Kubernetes output: seconds since the oldest change the API server does not hold yet.",
+            )?,
+            kube_leader: r.gauge(
+                "mcp_adapter_kube_output_leader",
+                "Kubernetes output: 1 while this replica holds the Lease and writes.",
+            )?,
+            kube_objects: r.gauge(
+                "mcp_adapter_kube_output_objects",
+                "Kubernetes output: this adapter's ServiceEntry objects in the API server.",
+            )?,
+            kube_conflicts: r.gauge(
+                "mcp_adapter_kube_output_conflicts",
+                "Kubernetes output: served names held by an object that is not this adapter's (left alone).",
+            )?,
+            kube_rejected: r.gauge(
+                "mcp_adapter_kube_output_rejected",
+                "Kubernetes output: objects the API server refused.",
+            )?,
+        })
+    }
+}

@@ -1,0 +1,181 @@
+//! The gRPC server's limits: what any peer may make it hold, when connections are recycled, and
+//! when a slow sink is reported. The defaults never bother Istio (istiod opens one stream per
+//! config source and asks for 16 types on it; Pilot's legacy MCP asks for one collection); see
+//! `server::limits`.
+
+use std::time::Duration;
+
+use mcp_core::parse;
+use mcp_server::limits::{
+    ServerLimits, StreamLimits, MAX_CONNECTIONS, MAX_REQUEST_SIZE, MAX_RESOURCE_NAMES, MAX_STREAMS,
+    MAX_STREAMS_PER_CONNECTION, MAX_TYPES_PER_STREAM, MAX_TYPE_URL_LENGTH,
+};
+
+/// Flags of the gRPC server's limits.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServerArgs {
+    /// Most TCP connections served at once (all shard ports together); streams on a connection
+    /// over it are refused with RESOURCE_EXHAUSTED, and it is closed.
+    #[arg(long, env = "MCP_MAX_CONNECTIONS", default_value_t = MAX_CONNECTIONS, value_parser = positive)]
+    pub max_connections: usize,
+
+    /// Most sink streams served at once (all shard ports together); a stream over it is
+    /// refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MCP_MAX_STREAMS", default_value_t = MAX_STREAMS, value_parser = positive)]
+    pub max_streams: usize,
+
+    /// Most concurrent streams on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS:
+    /// clients wait for a free one).
+    #[arg(
+        long,
+        env = "MCP_MAX_STREAMS_PER_CONNECTION",
+        default_value_t = MAX_STREAMS_PER_CONNECTION,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_streams_per_connection: u32,
+
+    /// Most distinct type URLs (or collections) one stream may ask for.
+    #[arg(long, env = "MCP_MAX_TYPES_PER_STREAM", default_value_t = MAX_TYPES_PER_STREAM, value_parser = positive)]
+    pub max_types_per_stream: usize,
+
+    /// Longest type URL a sink may ask for, in bytes.
+    #[arg(long, env = "MCP_MAX_TYPE_URL_LENGTH", default_value_t = MAX_TYPE_URL_LENGTH, value_parser = positive)]
+    pub max_type_url_length: usize,
+
+    /// Most resource names one stream may name for a served type: subscribed names, or names
+    /// declared held in `initial_resource_versions` (delta, legacy incremental MCP).
+    #[arg(long, env = "MCP_MAX_RESOURCE_NAMES", default_value_t = MAX_RESOURCE_NAMES, value_parser = positive)]
+    pub max_resource_names: usize,
+
+    /// Largest request a sink may send (`16MiB`; bytes or KiB/MiB/GiB). Requests over 16 KiB
+    /// (delta sinks reconnecting with many resources) share 4 × this across all streams while
+    /// they are received, and wait for room.
+    #[arg(long, env = "MCP_MAX_REQUEST_SIZE", default_value_t = MAX_REQUEST_SIZE, value_parser = request_size)]
+    pub max_request_size: usize,
+
+    /// A connection this old is asked to go away (HTTP/2 GOAWAY) and its streams end
+    /// `--max-connection-age-grace` later with UNAVAILABLE, so that sinks reconnect and spread
+    /// over the replicas again after a rollout. `0`: never.
+    #[arg(long, env = "MCP_MAX_CONNECTION_AGE", default_value = "30m", value_parser = parse::duration)]
+    pub max_connection_age: Duration,
+
+    /// Time between a connection's GOAWAY and the end of its streams (at least 1s).
+    #[arg(long, env = "MCP_MAX_CONNECTION_AGE_GRACE", default_value = "10s", value_parser = grace)]
+    pub max_connection_age_grace: Duration,
+
+    /// A stream whose oldest response is unacknowledged for longer than this counts in
+    /// `mcp_adapter_unacked_responses` (a sink that stopped ACKing, or lags behind).
+    #[arg(long, env = "MCP_UNACKED_THRESHOLD", default_value = "30s", value_parser = parse::duration)]
+    pub unacked_threshold: Duration,
+}
+
+impl ServerArgs {
+    /// The limits these flags set, with fresh counters.
+    pub fn limits(&self) -> ServerLimits {
+        ServerLimits::new(
+            StreamLimits {
+                max_types: self.max_types_per_stream,
+                max_type_url_len: self.max_type_url_length,
+                max_names: self.max_resource_names,
+            },
+            self.max_connections,
+            self.max_streams,
+            self.max_streams_per_connection,
+            self.max_request_size,
+            (!self.max_connection_age.is_zero()).then_some(self.max_connection_age),
+            self.max_connection_age_grace,
+            self.unacked_threshold,
+        )
+    }
+}
+
+/// A count above 0.
+fn positive(s: &str) -> Result<usize, String> {
+    s.parse::<usize>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("invalid count {s:?}: must be a whole number above 0"))
+}
+
+/// `--max-request-size`: a byte count ([`parse::size`]) of at least 1 KiB that fits in memory.
+fn request_size(s: &str) -> Result<usize, String> {
+    parse::size(s)?
+        .try_into()
+        .ok()
+        .filter(|n: &usize| (1024..=1 << 30).contains(n))
+        .ok_or_else(|| format!("invalid size {s:?}: must be between 1KiB and 1GiB"))
+}
+
+/// `--max-connection-age-grace`: a duration of at least 1 s, so that the GOAWAY always
+/// reaches the sink before its streams end (or it would reconnect on the same connection).
+fn grace(s: &str) -> Result<Duration, String> {
+    let d = parse::duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("invalid grace {s:?}: must be at least 1s"));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Args {
+        #[command(flatten)]
+        server: ServerArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ServerArgs, String> {
+        <Args as clap::Parser>::try_parse_from(
+            std::iter::once("adapter").chain(args.iter().copied()),
+        )
+        .map(|a| a.server)
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_and_bad_values() {
+        let a = parse(&[]).expect("defaults");
+        let l = a.limits();
+        assert_eq!(l.stream, StreamLimits::default());
+        assert_eq!((l.max_connections, l.max_streams), (1024, 1024));
+        assert_eq!(l.max_streams_per_connection, 100);
+        assert_eq!(l.max_request_size, 16 << 20);
+        assert_eq!(l.max_connection_age, Some(Duration::from_secs(1800)));
+        assert_eq!(l.connection_age_grace, Duration::from_secs(10));
+        assert_eq!(l.unacked_threshold, Duration::from_secs(30));
+        let d = ServerLimits::default();
+        assert_eq!(
+            (
+                d.stream,
+                d.max_connection_age,
+                d.connection_age_grace,
+                d.unacked_threshold
+            ),
+            (
+                l.stream,
+                l.max_connection_age,
+                l.connection_age_grace,
+                l.unacked_threshold
+            ),
+            "ServerLimits::default() is the flags' defaults"
+        );
+        let a = parse(&["--max-connection-age", "0", "--max-request-size", "4MiB"]).expect("ok");
+        assert_eq!(a.limits().max_connection_age, None);
+        assert_eq!(a.max_request_size, 4 << 20);
+        for bad in [
+            &["--max-streams", "0"][..],
+            &["--max-connections=-1"],
+            &["--max-types-per-stream", "x"],
+            &["--max-streams-per-connection", "0"],
+            &["--max-request-size", "100"],
+            &["--max-connection-age-grace", "500ms"],
+            &["--unacked-threshold", "30"],
+        ] {
+            let e = parse(bad).expect_err(bad[0]);
+            let flag = bad[0].split('=').next().unwrap_or_default();
+            assert!(e.contains(flag), "{e}");
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The gRPC server's limits over real gRPC, each with small flag values: a stream over a limit
+//! ends with RESOURCE_EXHAUSTED (UNAVAILABLE for the connection age) and a message naming the
+//! flag, it is counted by limit, and streams within the limits are served as before.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{metric_sum, xds_ack, xds_req, Adapter, SE_V1, STEP};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use mcp_core::registry::RegistryEvent;
+use mcp_core::testing::mk_service;
+use mcp_runtime::testing::test_args;
+use mcp_runtime::CommonArgs;
+use mcp_server::conn;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Code, Status, Streaming};
+
+async fn start(edit: impl FnOnce(&mut CommonArgs)) -> Adapter {
+    let mut args = test_args();
+    edit(&mut args);
+    let a = Adapter::start_with(args).await;
+    a.handle.send(RegistryEvent::Reset(vec![
+        mk_service("a", 1),
+        mk_service("b", 1),
+    ]));
+    a.wait_readyz(200).await;
+    a
+}
+
+/// A SotW stream on `channel`, its first request sent; the open stream, or the status it was
+/// refused with.
+async fn sotw(
+    channel: Channel,
+    first: DiscoveryRequest,
+) -> Result<
+    (
+        mpsc::UnboundedSender<DiscoveryRequest>,
+        Streaming<DiscoveryResponse>,
+    ),
+    Status,
+> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(first).expect("send");
+    let mut c = AggregatedDiscoveryServiceClient::new(channel);
+    let resp = tokio::time::timeout(
+        STEP,
+        c.stream_aggregated_resources(UnboundedReceiverStream::new(rx)),
+    )
+    .await
+    .expect("open timed out")?;
+    Ok((tx, resp.into_inner()))
+}
+
+/// The status a stream ends with, within [`STEP`], skipping responses.
+async fn ended<T>(rx: &mut Streaming<T>) -> Status {
+    tokio::time::timeout(STEP, async {
+        loop {
+            match rx.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return Status::ok(""),
+                Err(s) => return s,
+            }
+        }
+    })
+    .await
+    .expect("the stream did not end")
+}
+
+fn assert_refused(status: &Status, flag: &str) {
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains(flag), "{status:?}");
+}
+
+/// Sum of the samples of metric `name` whose labels include `label` (`limit="streams"`).
+async fn sample(a: &Adapter, name: &str, label: &str) -> f64 {
+    let text = a.metrics().await;
+    let lines: String = text
+        .lines()
+        .filter(|l| l.contains(label))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    metric_sum(&lines, name)
+}
+
+async fn refused(a: &Adapter, limit: &str) -> f64 {
+    sample(
+        a,
+        "mcp_adapter_refused_streams_total",
+        &format!("limit=\"{limit}\""),
+    )
+    .await
+}
+
+async fn channel(addr: SocketAddr) -> Channel {
+    common::channel_to(addr).await
+}
+
+#[tokio::test]
+async fn streams_over_max_streams_are_refused_until_one_ends() {
+    let a = start(|args| args.server.max_streams = 2).await;
+    let ch = channel(a.grpc()).await;
+    let (_t1, mut one) = sotw(ch.clone(), xds_req(SE_V1, "")).await.expect("first");
+    let (_t2, mut two) = sotw(ch.clone(), xds_req(SE_V1, "")).await.expect("second");
+    one.message().await.expect("served").expect("a response");
+    two.message().await.expect("served").expect("a response");
+    let third = sotw(ch.clone(), xds_req(SE_V1, ""))
+        .await
+        .expect_err("refused");
+    assert_refused(&third, "--max-streams");
+    assert!(third.message().contains("at most 2 streams"), "{third:?}");
+    assert_eq!(refused(&a, "streams").await, 1.0);
+    // One ends: its slot is given back.
+    drop((_t1, one));
+    let deadline = tokio::time::Instant::now() + STEP;
+    let (_t3, mut three) = loop {
+        match sotw(ch.clone(), xds_req(SE_V1, "")).await {
+            Ok(s) => break s,
+            Err(s) => assert_refused(&s, "--max-streams"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no slot came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    three.message().await.expect("served").expect("a response");
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_over_max_connections_is_refused_and_closed() {
+    let a = start(|args| args.server.max_connections = 1).await;
+    let first = channel(a.grpc()).await;
+    let (tx, mut ok) = sotw(first.clone(), xds_req(SE_V1, ""))
+        .await
+        .expect("served");
+    let r = ok.message().await.expect("served").expect("a response");
+    tx.send(xds_ack(&r)).expect("ack");
+    let second = channel(a.grpc()).await;
+    let status = sotw(second.clone(), xds_req(SE_V1, ""))
+        .await
+        .expect_err("refused");
+    assert_refused(&status, "--max-connections");
+    assert_eq!(refused(&a, "connections").await, 1.0);
+    // The first connection's stream is unaffected.
+    a.handle.send(RegistryEvent::Upsert(mk_service("c", 1)));
+    let r = ok.message().await.expect("served").expect("the change");
+    assert_eq!(r.resources.len(), 3);
+    // The refused connection is closed: its channel fails or reconnects (to be refused again).
+    tokio::time::sleep(conn::OVER_LIMIT_LIFE + Duration::from_millis(500)).await;
+    let again = sotw(second.clone(), xds_req(SE_V1, ""))
+        .await
+        .expect_err("refused");
+    assert_eq!(again.code(), Code::ResourceExhausted, "{again:?}");
+    assert_eq!(refused(&a, "connections").await, 2.0);
+    a.stop().await;
+}
+
+/// The HTTP/2 limit makes a client wait for a free stream instead of failing it.
+#[tokio::test]
+async fn streams_per_connection_wait_for_a_free_one() {
+    let a = start(|args| args.server.max_streams_per_connection = 2).await;
+    let ch = channel(a.grpc()).await;
+    let (_t1, one) = sotw(ch.clone(), xds_req(SE_V1, "")).await.expect("first");
+    let (_t2, _two) = sotw(ch.clone(), xds_req(SE_V1, "")).await.expect("second");
+    let third = tokio::spawn(sotw(ch.clone(), xds_req(SE_V1, "")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!third.is_finished(), "the third waits for a free stream");
+    assert_eq!(
+        metric_sum(&a.metrics().await, "mcp_adapter_connected_sinks"),
+        2.0
+    );
+    drop((_t1, one));
+    let (_t3, mut three) = tokio::time::timeout(STEP, third)
+        .await
+        .expect("the third started")
+        .expect("task")
+        .expect("served");
+    three.message().await.expect("served").expect("a response");
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn type_urls_types_and_names_over_their_limits_end_the_stream() {
+    let a = start(|args| {
+        args.server.max_type_url_length = 64;
+        args.server.max_types_per_stream = 3;
+        args.server.max_resource_names = 4;
+    })
+    .await;
+    let ch = channel(a.grpc()).await;
+
+    let long = format!("type.googleapis.com/{}", "x".repeat(60));
+    let (_t, mut s) = sotw(ch.clone(), xds_req(&long, "")).await.expect("opens");
+    let status = ended(&mut s).await;
+    assert_refused(&status, "--max-type-url-length");
+    assert!(status.message().contains("80 bytes"), "{status:?}");
+
+    // Three types are served (one of them ServiceEntries); a fourth ends the stream.
+    let (tx, mut s) = sotw(ch.clone(), xds_req(SE_V1, "")).await.expect("opens");
+    let r = s.message().await.expect("ok").expect("ServiceEntries");
+    assert_eq!(r.resources.len(), 2);
+    tx.send(xds_ack(&r)).expect("ack");
+    for t in ["example.com/A", "example.com/B"] {
+        tx.send(xds_req(t, "")).expect("send");
+        let r = s.message().await.expect("ok").expect("empty answer");
+        assert_eq!((r.type_url.as_str(), r.resources.len()), (t, 0));
+    }
+    tx.send(xds_req("example.com/C", "")).expect("send");
+    assert_refused(&ended(&mut s).await, "--max-types-per-stream");
+
+    // SotW resource names over the limit.
+    let mut req = xds_req(SE_V1, "");
+    req.resource_names = (0..5).map(|i| format!("ns/{i}")).collect();
+    let (_t, mut s) = sotw(ch.clone(), req).await.expect("opens");
+    assert_refused(&ended(&mut s).await, "--max-resource-names");
+
+    // Delta: names subscribed over several requests add up; declared versions count too.
+    let (dtx, drx) = mpsc::unbounded_channel();
+    let mut c = AggregatedDiscoveryServiceClient::new(ch.clone());
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        resource_names_subscribe: vec!["test/a".into(), "test/b".into()],
+        ..Default::default()
+    })
+    .expect("send");
+    let mut d: Streaming<DeltaDiscoveryResponse> = c
+        .delta_aggregated_resources(UnboundedReceiverStream::new(drx))
+        .await
+        .expect("opens")
+        .into_inner();
+    let r = d.message().await.expect("ok").expect("two names");
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        response_nonce: r.nonce,
+        resource_names_subscribe: vec!["test/c".into(), "test/d".into()],
+        ..Default::default()
+    })
+    .expect("send");
+    d.message().await.expect("ok").expect("c and d");
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        resource_names_subscribe: vec!["test/e".into()],
+        ..Default::default()
+    })
+    .expect("send");
+    let status = ended(&mut d).await;
+    assert_refused(&status, "--max-resource-names");
+    assert!(status.message().contains("5 resource names"), "{status:?}");
+
+    let (dtx, drx) = mpsc::unbounded_channel();
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        initial_resource_versions: (0..5).map(|i| (format!("ns/{i}"), "v".into())).collect(),
+        ..Default::default()
+    })
+    .expect("send");
+    let mut d = c
+        .delta_aggregated_resources(UnboundedReceiverStream::new(drx))
+        .await
+        .expect("opens")
+        .into_inner();
+    assert_refused(&ended(&mut d).await, "--max-resource-names");
+
+    assert_eq!(refused(&a, "type_url_length").await, 1.0);
+    assert_eq!(refused(&a, "types_per_stream").await, 1.0);
+    assert_eq!(refused(&a, "resource_names").await, 3.0);
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_over_max_request_size_ends_the_stream() {
+    let a = start(|args| args.server.max_request_size = 4096).await;
+    let mut req = xds_req(SE_V1, "");
+    req.resource_names = (0..400).map(|i| format!("ns/name-{i:04}")).collect();
+    let ch = channel(a.grpc()).await;
+    let status = match sotw(ch, req).await {
+        Ok((_t, mut s)) => ended(&mut s).await,
+        Err(s) => s,
+    };
+    assert_refused(&status, "--max-request-size");
+    assert!(status.message().contains("4096 bytes"), "{status:?}");
+    assert_eq!(refused(&a, "request_size").await, 1.0);
+    a.stop().await;
+}
+
+/// A TCP proxy in front of `to` that counts the connections made through it.
+async fn counting_proxy(to: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// `--max-connection-age`: the stream ends with UNAVAILABLE naming the flag once the age and
+/// the grace have passed, and the client's next stream goes over a new connection (the old one
+/// was told to go away).
+#[tokio::test]
+async fn old_connections_are_recycled() {
+    let a = start(|args| {
+        args.server.max_connection_age = Duration::from_secs(1);
+        args.server.max_connection_age_grace = Duration::from_secs(1);
+    })
+    .await;
+    let (proxy, dials) = counting_proxy(a.grpc()).await;
+    let ch = channel(proxy).await;
+    let started = tokio::time::Instant::now();
+    let (_t, mut s) = sotw(ch.clone(), xds_req(SE_V1, "")).await.expect("opens");
+    let status = ended(&mut s).await;
+    let lived = started.elapsed();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("--max-connection-age"),
+        "{status:?}"
+    );
+    assert!(
+        lived >= Duration::from_millis(1900),
+        "age + grace: {lived:?}"
+    );
+    assert_eq!(dials.load(Ordering::SeqCst), 1);
+    let (_t, mut s) = sotw(ch.clone(), xds_req(SE_V1, ""))
+        .await
+        .expect("opens again");
+    s.message().await.expect("served").expect("the set");
+    assert_eq!(dials.load(Ordering::SeqCst), 2, "a new connection");
+    a.stop().await;
+}
+
+/// A stream counts in `mcp_adapter_unacked_responses` while its oldest unacknowledged response
+/// is older than `--unacked-threshold`, and stops counting once it is acknowledged.
+#[tokio::test]
+async fn unacknowledged_responses_are_counted_after_the_threshold() {
+    let a = start(|args| args.server.unacked_threshold = Duration::from_millis(500)).await;
+    let unacked = || sample(&a, "mcp_adapter_unacked_responses", "protocol=\"xds\"");
+    let ch = channel(a.grpc()).await;
+    let (tx, mut s) = sotw(ch, xds_req(SE_V1, "")).await.expect("opens");
+    let r = s.message().await.expect("ok").expect("the set");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(unacked().await, 0.0, "not yet");
+    let deadline = tokio::time::Instant::now() + STEP;
+    while unacked().await != 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "not counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tx.send(xds_ack(&r)).expect("ack");
+    let deadline = tokio::time::Instant::now() + STEP;
+    while unacked().await != 0.0 {
+        assert!(tokio::time::Instant::now() < deadline, "still counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(tx);
+    a.stop().await;
+}

@@ -1,0 +1,351 @@
+//! The gRPC side: every MCP flavour on one port, plus health and reflection.
+//!
+//! Each stream runs [`drive`] on its own task: requests and snapshot changes go into the
+//! stream's [`engine::Engine`], responses come out through a one-slot channel into the stream's
+//! [`response_body::ResponseBody`]. Resource bytes are shared with the cache: nothing is re-encoded per
+//! sink, and no sink holds a copy of a response (see [`frames`]).
+//!
+//! What a peer can make the server hold is bounded ([`limits`]): connections ([`conn`]), streams,
+//! requests in flight ([`request_body`]) and each stream's subscription state ([`engine`]).
+//!
+//! Depends on `mcp-core` (the snapshots it serves, the metrics registry) and `proto`; must never
+//! depend on the runtime (flags, admin, the writer task), the Kubernetes output or a registry.
+//! Its settings come in as plain values ([`limits::ServerLimits`], [`tls::TlsSettings`]).
+
+pub mod conn;
+pub mod engine;
+pub mod frames;
+mod grpc;
+pub mod limits;
+pub mod metrics;
+pub mod protocol;
+pub mod request_body;
+mod response_body;
+pub mod tls;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Status, Streaming};
+
+use crate::metrics::ServerMetrics;
+use conn::ConnLimiter;
+use engine::{Ack, Engine};
+use limits::{NamesCharge, ServerLimits};
+use mcp_core::cache::Snapshot;
+use protocol::Protocol;
+use response_body::Sent;
+
+/// The receive windows the server offers: what a peer may send ahead of what a stream has read.
+/// HTTP/2's own default for a stream (64 KiB) and four of them per connection, instead of
+/// hyper's 1 MiB each: a stream whose sink stopped reading responses also stops reading
+/// requests, and every connection of a flood would otherwise hold a megabyte.
+const STREAM_WINDOW: u32 = 64 << 10;
+const CONNECTION_WINDOW: u32 = 256 << 10;
+
+/// How long a stream that ends with an error status waits to hand the status over (its sink
+/// may have stopped reading) before it just ends.
+const FAREWELL: Duration = Duration::from_secs(5);
+
+/// What every stream needs.
+#[derive(Clone, Debug)]
+pub struct StreamContext {
+    /// The served set; `None` until the first registry sync.
+    pub snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+    /// Metrics.
+    pub metrics: ServerMetrics,
+    /// Cancelled on shutdown: every stream ends cleanly.
+    pub shutdown: CancellationToken,
+    /// Largest response a sink accepts (`--max-message-size`); a larger one ends the stream
+    /// with RESOURCE_EXHAUSTED instead of being sent.
+    pub max_message_size: Option<usize>,
+    /// `--shards`: the shard this port serves (its `mcp_adapter_shard_*` label); `None` for
+    /// an unsharded source.
+    pub shard: Option<String>,
+    /// Limits and their counters, shared by every shard's port.
+    pub limits: Arc<ServerLimits>,
+}
+
+/// Errors starting the gRPC server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The transport failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Reflection could not be built.
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Serves every protocol on `listener` until `ctx.shutdown` is cancelled.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ctx: StreamContext,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    tls: Option<Arc<tls::Tls>>,
+) -> Result<(), ServerError> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let allow = tls.as_ref().map(|t| t.client_sans().clone());
+    let limits = ctx.limits.clone();
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW);
+    if let Some(age) = limits.max_connection_age {
+        // GOAWAY at `age`: the peer opens no new stream on this connection. Its streams end
+        // `connection_age_grace` later (in `drive`), and it reconnects, maybe to another replica.
+        builder = builder.max_connection_age(age);
+    }
+    let shutdown = ctx.shutdown.clone();
+    let limiter = ConnLimiter::new(limits.connections.clone(), limits.max_connections);
+    // TCP_NODELAY: a push is one write; Nagle would hold its tail for ~40 ms waiting for an
+    // ACK. (tonic's own nodelay setting does not apply to a listener passed in.)
+    let conns = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(move |io| io.map(|io| limiter.accept(io)));
+    let router = builder
+        .layer(tonic::service::InterceptorLayer::new(tls::authorize(
+            allow.unwrap_or_default(),
+        )))
+        .add_service(grpc::Service::<grpc::Ads>::new(ctx.clone()))
+        .add_service(grpc::Service::<grpc::ResourceSource>::new(ctx.clone()))
+        .add_service(grpc::Service::<grpc::MeshConfig>::new(ctx))
+        .add_service(health)
+        .add_service(reflection);
+    match tls {
+        // TLS is done by the adapter's own acceptor (certificates reloaded on change).
+        Some(tls) => {
+            let incoming = tls::incoming(conns, tls, shutdown.clone());
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                .await?;
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(conns, shutdown.cancelled_owned())
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+struct SinkGauge(prometheus::IntGauge);
+
+impl Drop for SinkGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+fn type_class(served: bool) -> &'static str {
+    if served {
+        "serviceentry"
+    } else {
+        "other"
+    }
+}
+
+/// Hands a final status to the stream's body, unless the sink stopped reading (then the stream
+/// just ends after [`FAREWELL`]) or the adapter shuts down.
+async fn farewell(tx: &mpsc::Sender<Sent>, status: Status, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = tx.send(Err(status)) => {}
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(FAREWELL) => {}
+    }
+}
+
+/// Waits until `at`, or forever if `None`.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs one stream until the sink leaves, the stream breaks, a limit ends it, or shutdown.
+///
+/// `accepted` is when its connection was accepted (`--max-connection-age` counts from it);
+/// `_slot` is its place under `--max-streams`, given back when it ends.
+async fn drive<P: Protocol>(
+    mut requests: Streaming<P::Req>,
+    tx: mpsc::Sender<Sent>,
+    ctx: StreamContext,
+    peer: String,
+    accepted: Option<Instant>,
+    _slot: OwnedSemaphorePermit,
+) {
+    let metrics = ctx.metrics;
+    let limits = ctx.limits;
+    let gauge = metrics.sinks.with_label_values(&[P::PROTOCOL]);
+    gauge.inc();
+    let _gauge = SinkGauge(gauge);
+    let shard_push_bytes = ctx.shard.as_ref().map(|s| {
+        let gauge = metrics.shard_sinks.with_label_values(&[s]);
+        gauge.inc();
+        (
+            SinkGauge(gauge),
+            metrics.shard_push_bytes.with_label_values(&[s]),
+        )
+    });
+    let mut snapshots = ctx.snapshots;
+    let mut engine = Engine::with_limits(P::INCREMENTAL, P::served, limits.stream);
+    let mut names = NamesCharge::new(limits.names.clone());
+    let mut node: Option<String> = None;
+    // After GOAWAY (`--max-connection-age`) and the grace, the stream ends so that the sink
+    // reconnects on a new connection.
+    let age_end = until(
+        accepted
+            .zip(limits.max_connection_age)
+            .map(|(at, age)| at + age + limits.connection_age_grace),
+    );
+    tokio::pin!(age_end);
+    // This stream counts in `mcp_adapter_unacked_responses` while its oldest unacknowledged
+    // response is older than `--unacked-threshold`; the timer fires when it would become so.
+    let unacked = metrics.unacked.with_label_values(&[P::PROTOCOL]);
+    let mut lagging: Option<SinkGauge> = None;
+    let mut unacked_due: Option<Instant> = None;
+    tracing::info!(protocol = P::PROTOCOL, %peer, "Sink connected.");
+    loop {
+        let outgoing = tokio::select! {
+            _ = ctx.shutdown.cancelled() => break,
+            () = &mut age_end => {
+                tracing::info!(protocol = P::PROTOCOL, %peer, "Ending a stream of a connection older than --max-connection-age; the sink reconnects.");
+                let status = Status::unavailable(format!(
+                    "this connection is older than the adapter's --max-connection-age ({:?}): reconnect (a new connection may reach another replica)",
+                    limits.max_connection_age.unwrap_or_default()
+                ));
+                farewell(&tx, status, &ctx.shutdown).await;
+                return;
+            }
+            () = until(unacked_due) => Vec::new(),
+            msg = requests.message() => match msg {
+                Ok(Some(msg)) => {
+                    if node.is_none() {
+                        if let Some(id) = P::node(&msg) {
+                            tracing::info!(protocol = P::PROTOCOL, %peer, node = %id, "Sink identified.");
+                            node = Some(id);
+                        }
+                    }
+                    let req = P::request(msg);
+                    if let Err(refused) = engine.check(&req) {
+                        limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
+                        farewell(&tx, refused.status(), &ctx.shutdown).await;
+                        return;
+                    }
+                    let type_key = req.type_key.clone();
+                    let served = P::served(&type_key);
+                    // `borrow`, not `borrow_and_update`: only the `changed()` arm may mark a
+                    // snapshot as seen, or a change published while this request is handled
+                    // would never reach the types this request does not name.
+                    let snapshot = snapshots.borrow().clone();
+                    let (ack, out) = engine.on_request(req, snapshot.as_ref());
+                    if let Err(refused) = names.set(engine.names_held()) {
+                        limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
+                        farewell(&tx, refused.status(), &ctx.shutdown).await;
+                        return;
+                    }
+                    match &ack {
+                        Ack::Ack => metrics.acks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc(),
+                        Ack::Nack(reason) => {
+                            metrics.nacks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc();
+                            tracing::warn!(protocol = P::PROTOCOL, %peer, type_url = %type_key, %reason, "Sink rejected a response.");
+                        }
+                        Ack::Subscribe => tracing::debug!(protocol = P::PROTOCOL, %peer, type_url = %type_key, "Subscribed."),
+                        Ack::Stale => tracing::debug!(protocol = P::PROTOCOL, %peer, type_url = %type_key, "Ignored a stale nonce."),
+                    }
+                    out.into_iter().collect::<Vec<_>>()
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    // A request over a limit (request_body.rs, or tonic's own): tell the sink.
+                    if matches!(status.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange) {
+                        tracing::debug!(protocol = P::PROTOCOL, %peer, %status, "Ending a stream over a request limit.");
+                        farewell(&tx, status, &ctx.shutdown).await;
+                        return;
+                    }
+                    tracing::debug!(protocol = P::PROTOCOL, %peer, %status, "Sink stream broke.");
+                    break;
+                }
+            },
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let out = match snapshots.borrow_and_update().clone() {
+                    Some(s) => engine.on_snapshot(&s),
+                    None => Vec::new(),
+                };
+                // Sending replaces declared versions with shared sets: this only gives back.
+                let _ = names.set(engine.names_held());
+                out
+            }
+        };
+        for out in outgoing {
+            let served = out.served;
+            let resp = P::response(out);
+            if let Some(limit) = ctx.max_message_size.filter(|l| resp.len() > *l) {
+                metrics.oversized.with_label_values(&[P::PROTOCOL]).inc();
+                tracing::error!(protocol = P::PROTOCOL, %peer, bytes = resp.len(), limit, "A response is larger than --max-message-size; ending the stream instead of sending it (shard the source or raise the sink's receive limit).");
+                let status = Status::resource_exhausted(format!(
+                    "the response is {} bytes, over this source's --max-message-size of {limit} bytes",
+                    resp.len()
+                ));
+                farewell(&tx, status, &ctx.shutdown).await;
+                return;
+            }
+            metrics
+                .pushes
+                .with_label_values(&[P::PROTOCOL, type_class(served)])
+                .inc();
+            metrics
+                .push_bytes
+                .with_label_values(&[P::PROTOCOL])
+                .inc_by(resp.len() as u64);
+            if let Some((_, bytes)) = &shard_push_bytes {
+                bytes.inc_by(resp.len() as u64);
+            }
+            // A sink that stopped reading blocks this send; shutdown must not wait on it.
+            tokio::select! {
+                sent = tx.send(Ok(resp)) => if sent.is_err() {
+                    tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");
+                    return;
+                },
+                _ = ctx.shutdown.cancelled() => {
+                    tracing::info!(protocol = P::PROTOCOL, %peer, "Shutting down with a response unsent (the sink stopped reading).");
+                    return;
+                }
+            }
+        }
+        // Lagging or not, and when it would start to.
+        unacked_due = None;
+        match engine
+            .oldest_unacked()
+            .map(|sent| Instant::from_std(sent) + limits.unacked_threshold)
+        {
+            Some(due) if due <= Instant::now() => {
+                if lagging.is_none() {
+                    unacked.inc();
+                    lagging = Some(SinkGauge(unacked.clone()));
+                }
+            }
+            due => {
+                lagging = None;
+                unacked_due = due;
+            }
+        }
+    }
+    tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");
+}

@@ -1,0 +1,122 @@
+//! The workspace's layers, as Cargo resolves them: what each crate may never depend on
+//! (ARCHITECTURE.md, "Crates and layers"), and no test support in a shipped binary.
+//!
+//! The compiler already refuses an import that runs back up (a crate cannot name one it does not
+//! depend on); these tests keep the manifests from quietly adding such a dependency, direct or
+//! through another crate.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+/// Every package in `package`'s normal-dependency tree, by name (features as Cargo resolves them
+/// when only `package` is built, as `cargo build -p package` does).
+fn tree(package: &str, edges: &str) -> String {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "--offline", "--locked", "-p", package, "-e", edges])
+        .args(["--prefix", "none"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn packages(package: &str) -> BTreeSet<String> {
+    tree(package, "normal")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+fn assert_never(package: &str, forbidden: &[&str]) {
+    let deps = packages(package);
+    assert!(
+        deps.contains(package) && deps.len() > 5,
+        "{package}: not a tree: {deps:?}"
+    );
+    let found: Vec<&&str> = forbidden.iter().filter(|f| deps.contains(**f)).collect();
+    assert!(found.is_empty(), "{package} depends on {found:?}");
+}
+
+/// Network, gRPC and flags are above the core: `grpc` off, `proto` is messages only.
+#[test]
+fn the_core_has_no_grpc_kube_flags_or_http() {
+    assert_never(
+        "mcp-core",
+        &[
+            "tonic",
+            "hyper",
+            "h2",
+            "kube",
+            "kube-client",
+            "k8s-openapi",
+            "clap",
+            "reqwest",
+            "axum",
+            "envoy-types",
+            "mcp-server",
+            "mcp-kube-output",
+            "mcp-runtime",
+        ],
+    );
+}
+
+#[test]
+fn the_server_knows_no_runtime_kube_or_flags() {
+    assert_never(
+        "mcp-server",
+        &[
+            "mcp-runtime",
+            "mcp-kube-output",
+            "kube",
+            "kube-client",
+            "clap",
+            "reqwest",
+        ],
+    );
+}
+
+#[test]
+fn the_kube_output_knows_no_server_runtime_or_flags() {
+    assert_never(
+        "mcp-kube-output",
+        &[
+            "mcp-runtime",
+            "mcp-server",
+            "tonic",
+            "clap",
+            "axum",
+            "reqwest",
+        ],
+    );
+}
+
+/// `testing` (the registry a test drives, default flags for tests) is never in what ships.
+#[test]
+fn no_binary_carries_test_support() {
+    for bin in [
+        "adapter-file",
+        "adapter-consul",
+        "adapter-zookeeper",
+        "adapter-eureka",
+        "adapter-kube",
+        "mcpctl",
+    ] {
+        let features = tree(bin, "features,no-dev");
+        assert!(
+            features.contains("mcp-core feature \"default\""),
+            "{bin}: not a feature tree:\n{features}"
+        );
+        let testing: Vec<&str> = features
+            .lines()
+            .filter(|l| l.contains("feature \"testing\""))
+            .collect();
+        assert!(testing.is_empty(), "{bin} builds with {testing:?}");
+    }
+}
