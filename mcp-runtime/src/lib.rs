@@ -8,7 +8,9 @@
 //! (logs), [`http_client`] (TLS, body cap), [`secret`] (credentials re-read from their files).
 //!
 //! The top of the stack: nothing in the workspace depends on it but the adapters, `mcpctl`'s
-//! tests and the end-to-end tests. Feature `testing`: `testing::test_args`, for tests only.
+//! tests and the end-to-end tests. It must never depend on an adapter or a registry's client
+//! library: all it knows of a registry is `mcp_core::Registry`. Feature `testing`:
+//! `testing::test_args`, for tests only.
 
 #![deny(missing_docs)]
 
