@@ -178,7 +178,7 @@ async fn release(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<(), kube::Error>
         .map(|_| ())
 }
 
-/// This replica's default identity: `POD_NAME` (or the host name) and the pid.
+/// This replica's default identity: `POD_NAME` (or the host name), the pid and a random suffix.
 pub fn default_identity() -> String {
     let host = std::env::var("POD_NAME")
         .ok()
@@ -189,5 +189,40 @@ pub fn default_identity() -> String {
                 .map(|h| h.trim().to_string())
         })
         .unwrap_or_else(|| "adapter".into());
-    format!("{host}-{}", std::process::id())
+    format!("{host}-{}-{}", std::process::id(), random_suffix())
+}
+
+/// Five random characters: two containers with `hostNetwork` share the host name and both can be
+/// pid 1, and two replicas of one identity would both believe they hold the Lease.
+fn random_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // The standard library keys `RandomState`s from the system's random source (per process,
+    // then a different key for each one made).
+    let mut n = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (0..5)
+        .map(|_| {
+            let c = b"bcdfghjklmnpqrstvwxz2456789"[(n % 27) as usize];
+            n /= 27;
+            char::from(c)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_identities_of_one_host_and_pid_differ() {
+        let (a, b) = (default_identity(), default_identity());
+        assert_ne!(a, b);
+        let pid = format!("-{}-", std::process::id());
+        for id in [&a, &b] {
+            let (_, suffix) = id.rsplit_once(&pid).expect("host-pid-suffix");
+            assert_eq!(suffix.len(), 5, "{id}");
+            assert!(suffix.bytes().all(|c| c.is_ascii_alphanumeric()), "{id}");
+        }
+    }
 }

@@ -59,12 +59,13 @@ pub struct OutputArgs {
     #[arg(long, env = "MCP_OUTPUT_LEASE_NAMESPACE")]
     pub output_lease_namespace: Option<String>,
 
-    /// This replica's name in the Lease (default: `POD_NAME`, else the host name, with the pid).
+    /// This replica's name in the Lease (default: `POD_NAME`, else the host name, with the pid
+    /// and a random suffix).
     #[arg(long, env = "MCP_OUTPUT_IDENTITY")]
     pub output_identity: Option<String>,
 
-    /// Requests per second to the API server, on average (client-side limit).
-    #[arg(long, env = "MCP_OUTPUT_QPS", default_value_t = 50.0, value_parser = positive)]
+    /// Requests per second to the API server, on average (client-side limit; 0.01 to 100000).
+    #[arg(long, env = "MCP_OUTPUT_QPS", default_value_t = 50.0, value_parser = rate)]
     pub output_qps: f64,
 
     /// Requests the output may send at once above `--output-qps`.
@@ -72,8 +73,8 @@ pub struct OutputArgs {
     pub output_burst: u32,
 
     /// How often the leader re-lists its objects (metadata only) to repair hand edits and
-    /// deletions, and to notice a conflicting object that went away.
-    #[arg(long, env = "MCP_OUTPUT_RESYNC", default_value = "5m", value_parser = parse::duration)]
+    /// deletions, and to notice a conflicting object that went away (1s to 168h).
+    #[arg(long, env = "MCP_OUTPUT_RESYNC", default_value = "5m", value_parser = resync)]
     pub output_resync: Duration,
 }
 
@@ -94,9 +95,87 @@ impl OutputArgs {
     }
 }
 
-fn positive(s: &str) -> Result<f64, String> {
-    s.parse::<f64>()
+/// Fewest and most requests per second `--output-qps` takes: below the least, one request
+/// waits for hours (and the wait no longer fits a timer); above the most, it is no limit.
+const QPS_RANGE: (f64, f64) = (0.01, 100_000.0);
+
+/// Shortest and longest `--output-resync`: 0 would list the API server in a loop; a resync past
+/// a week repairs nothing in practice (and a far one overflows the clock).
+const RESYNC_RANGE: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600));
+
+fn rate(s: &str) -> Result<f64, String> {
+    let (least, most) = QPS_RANGE;
+    s.trim()
+        .parse::<f64>()
         .ok()
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .ok_or_else(|| format!("invalid rate {s:?}: a number above 0"))
+        .filter(|v| (least..=most).contains(v))
+        .ok_or_else(|| format!("invalid rate {s:?}: a number from {least} to {most}"))
+}
+
+fn resync(s: &str) -> Result<Duration, String> {
+    let (least, most) = RESYNC_RANGE;
+    let d = parse::duration(s)?;
+    if !(least..=most).contains(&d) {
+        return Err(format!(
+            "invalid interval {s:?}: from 1s to 168h (0 would list the API server in a loop)"
+        ));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Args {
+        #[command(flatten)]
+        output: OutputArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<OutputArgs, String> {
+        <Args as clap::Parser>::try_parse_from(
+            std::iter::once("adapter").chain(args.iter().copied()),
+        )
+        .map(|a| a.output)
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&[]).expect("defaults").config();
+        assert_eq!((c.qps, c.burst), (50.0, 100));
+        assert_eq!(c.resync, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn a_resync_of_zero_or_past_a_week_is_refused() {
+        for bad in ["0", "0s", "500ms", "169h", "100000000000000h"] {
+            let e = parse(&["--output-resync", bad]).err().unwrap_or_default();
+            assert!(
+                e.contains("--output-resync") && e.contains("1s to 168h"),
+                "{bad}: {e}"
+            );
+        }
+        for good in ["1s", "30m", "168h"] {
+            assert!(parse(&["--output-resync", good]).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn a_rate_that_would_overflow_the_wait_is_refused() {
+        for bad in ["0", "-1", "1e-300", "0.001", "1e9", "inf", "NaN", "fast"] {
+            let e = parse(&[&format!("--output-qps={bad}")])
+                .err()
+                .unwrap_or_default();
+            assert!(
+                e.contains("--output-qps") && e.contains("0.01 to 100000"),
+                "{bad}: {e}"
+            );
+        }
+        for good in ["0.01", "0.5", "50", "100000"] {
+            assert!(parse(&["--output-qps", good]).is_ok(), "{good}");
+        }
+    }
 }
