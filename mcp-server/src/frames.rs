@@ -176,6 +176,7 @@ impl Encoded {
     }
 
     /// Whether the message encodes to nothing (all fields at their defaults).
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -197,7 +198,7 @@ impl Encoded {
 
     /// The whole frame in one buffer (tests and small responses).
     #[cfg(test)]
-    pub fn to_vec(self) -> Vec<u8> {
+    pub fn into_vec(self) -> Vec<u8> {
         let mut out = Vec::new();
         for c in self.chunks().expect("frame") {
             out.extend_from_slice(&c);
@@ -352,7 +353,7 @@ mod tests {
         };
         let enc = Encoded::new(head, es, Wrap::Any { field: 2 }, tail);
         assert_eq!(enc.len(), want.encoded_len());
-        assert_eq!(enc.to_vec(), framed(&want));
+        assert_eq!(enc.into_vec(), framed(&want));
     }
 
     #[test]
@@ -390,7 +391,7 @@ mod tests {
             "the tail is handed out as its own piece"
         );
         let enc = Encoded::new(head, es, Wrap::Delta { field: 2 }, tail);
-        assert_eq!(enc.to_vec(), framed(&want));
+        assert_eq!(enc.into_vec(), framed(&want));
     }
 
     #[test]
@@ -415,10 +416,10 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert_eq!(enc.to_vec(), framed(&want));
+        assert_eq!(enc.into_vec(), framed(&want));
         let empty = Encoded::new((), vec![], Wrap::Raw { field: 2 }, ());
         assert!(empty.is_empty());
-        assert_eq!(empty.to_vec(), vec![0, 0, 0, 0, 0]);
+        assert_eq!(empty.into_vec(), vec![0, 0, 0, 0, 0]);
     }
 
     #[test]

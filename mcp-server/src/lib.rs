@@ -1,12 +1,16 @@
 //! The gRPC side: every MCP flavour on one port, plus health and reflection.
 //!
-//! Each stream runs [`drive`] on its own task: requests and snapshot changes go into the
-//! stream's [`engine::Engine`], responses come out through a one-slot channel into the stream's
-//! [`response_body::ResponseBody`]. Resource bytes are shared with the cache: nothing is re-encoded per
-//! sink, and no sink holds a copy of a response (see [`frames`]).
+//! Each stream runs `drive` on its own task: requests and snapshot changes go into the stream's
+//! [`engine::Engine`], responses come out through a one-slot channel into the stream's
+//! `response_body::ResponseBody`. Resource bytes are shared with the cache: nothing is
+//! re-encoded per sink, and no sink holds a copy of a response (see `frames`).
 //!
 //! What a peer can make the server hold is bounded ([`limits`]): connections ([`conn`]), streams,
-//! requests in flight ([`request_body`]) and each stream's subscription state ([`engine`]).
+//! requests in flight (`request_body`) and each stream's subscription state ([`engine`]).
+//!
+//! Public: [`serve`] and its [`StreamContext`], the settings ([`limits`], [`tls`]), the
+//! [`metrics`], and [`engine`] and [`conn`] for the runtime's benches and tests; the wire layout
+//! (`protocol`, `frames`, `request_body`, `response_body`, `grpc`) is private.
 //!
 //! Depends on `mcp-core` (the snapshots it serves, the metrics registry) and `proto`; must never
 //! depend on the runtime (flags, admin, the writer task), the Kubernetes output or a registry.
@@ -14,12 +18,12 @@
 
 pub mod conn;
 pub mod engine;
-pub mod frames;
+mod frames;
 mod grpc;
 pub mod limits;
 pub mod metrics;
-pub mod protocol;
-pub mod request_body;
+mod protocol;
+mod request_body;
 mod response_body;
 pub mod tls;
 

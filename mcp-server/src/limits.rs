@@ -164,7 +164,7 @@ pub struct ServerLimits {
     pub streams: Arc<Semaphore>,
     /// Connections open now.
     pub connections: Arc<AtomicUsize>,
-    /// Bytes (in KiB) that requests larger than [`super::request_body::FREE`] may hold at once
+    /// Bytes (in KiB) that requests larger than `request_body::FREE` (16 KiB) may hold at once
     /// while they are received: 4 × `--max-request-size`.
     pub large_requests: Arc<Semaphore>,
     /// Resource names all streams hold together: 4 × `--max-resource-names`.

@@ -3,7 +3,7 @@
 //! its `..data` link) without a restart and without ending open streams, and so that client
 //! certificates can be held to `--tls-client-san`.
 //!
-//! [`Tls::start`] reads the files (an unusable one stops the adapter, naming it), [`reload`]
+//! [`Tls::start`] reads the files (an unusable one stops the adapter, naming it), `reload`
 //! polls them, [`incoming`] does the handshakes for tonic, and [`authorize`] refuses the requests
 //! of a client whose certificate carries no allowed name.
 
