@@ -195,15 +195,14 @@ fn on_empty_values() -> impl clap::builder::TypedValueParser<Value = OnEmpty> {
         OnEmpty::Remove => "Remove its ServiceEntry until an instance is back",
     }
     };
-    PossibleValuesParser::new(
-        OnEmpty::NAMES.map(|(v, name)| PossibleValue::new(name).help(help(v))),
-    )
-    .map(|name| {
-        OnEmpty::NAMES
-            .into_iter()
-            .find(|(_, n)| *n == name)
-            .map_or(OnEmpty::Keep, |(v, _)| v)
-    })
+    PossibleValuesParser::new(OnEmpty::ALL.map(|v| PossibleValue::new(v.as_str()).help(help(v))))
+        // Only the values above get here.
+        .map(|name| {
+            OnEmpty::ALL
+                .into_iter()
+                .find(|v| v.as_str() == name)
+                .unwrap_or_default()
+        })
 }
 
 fn positive_duration(s: &str) -> Result<Duration, String> {
@@ -230,6 +229,22 @@ fn message_size(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("invalid size {s:?}: must be above 0 and fit in memory"))
 }
 
+/// One flag group alone on a command line (`adapter ARGS`), as clap parses it, or clap's message
+/// (for the flag groups' tests).
+#[cfg(test)]
+fn parse_group<T: clap::Args>(args: &[&str]) -> Result<T, String> {
+    #[derive(clap::Parser)]
+    struct Only<T: clap::Args> {
+        #[command(flatten)]
+        group: T,
+    }
+    <Only<T> as clap::Parser>::try_parse_from(
+        std::iter::once("adapter").chain(args.iter().copied()),
+    )
+    .map(|a| a.group)
+    .map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,18 +257,24 @@ mod tests {
         assert!(message_size("big").is_err());
     }
 
-    #[derive(clap::Parser)]
-    struct Args {
-        #[command(flatten)]
-        common: CommonArgs,
+    fn parse(args: &[&str]) -> Result<CommonArgs, String> {
+        parse_group(args)
     }
 
-    fn parse(args: &[&str]) -> Result<CommonArgs, String> {
-        <Args as clap::Parser>::try_parse_from(
-            std::iter::once("adapter").chain(args.iter().copied()),
-        )
-        .map(|a| a.common)
-        .map_err(|e| e.to_string())
+    #[test]
+    fn on_empty_takes_each_spelling() {
+        assert_eq!(parse(&[]).map(|a| a.on_empty), Ok(OnEmpty::Keep));
+        for v in OnEmpty::ALL {
+            assert_eq!(
+                parse(&["--on-empty", v.as_str()]).map(|a| a.on_empty),
+                Ok(v)
+            );
+        }
+        let e = parse(&["--on-empty", "drop"]).expect_err("drop");
+        assert!(
+            e.contains("--on-empty") && e.contains("keep, remove"),
+            "{e}"
+        );
     }
 
     #[test]

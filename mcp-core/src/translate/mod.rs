@@ -47,7 +47,7 @@ pub struct TranslateConfig {
 }
 
 /// What happens to a service whose registry lists no instance of it (every instance gone, or
-/// none healthy). `--on-empty`; its values are [`OnEmpty::NAMES`].
+/// none healthy). `--on-empty`; its values are [`OnEmpty::ALL`], spelled by [`OnEmpty::as_str`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum OnEmpty {
     /// Keep its ServiceEntry with no endpoints: the host stays known to the mesh, so clients get
@@ -60,9 +60,8 @@ pub enum OnEmpty {
 }
 
 impl OnEmpty {
-    /// Every value with its flag spelling.
-    pub const NAMES: [(OnEmpty, &'static str); 2] =
-        [(OnEmpty::Keep, "keep"), (OnEmpty::Remove, "remove")];
+    /// Every value.
+    pub const ALL: [OnEmpty; 2] = [OnEmpty::Keep, OnEmpty::Remove];
 
     /// Its flag spelling.
     pub fn as_str(self) -> &'static str {

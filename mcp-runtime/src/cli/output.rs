@@ -128,18 +128,8 @@ fn resync(s: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
 
-    #[derive(clap::Parser)]
-    struct Args {
-        #[command(flatten)]
-        output: OutputArgs,
-    }
-
     fn parse(args: &[&str]) -> Result<OutputArgs, String> {
-        <Args as clap::Parser>::try_parse_from(
-            std::iter::once("adapter").chain(args.iter().copied()),
-        )
-        .map(|a| a.output)
-        .map_err(|e| e.to_string())
+        crate::cli::parse_group(args)
     }
 
     #[test]

@@ -120,18 +120,8 @@ fn grace(s: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
 
-    #[derive(clap::Parser)]
-    struct Args {
-        #[command(flatten)]
-        server: ServerArgs,
-    }
-
     fn parse(args: &[&str]) -> Result<ServerArgs, String> {
-        <Args as clap::Parser>::try_parse_from(
-            std::iter::once("adapter").chain(args.iter().copied()),
-        )
-        .map(|a| a.server)
-        .map_err(|e| e.to_string())
+        crate::cli::parse_group(args)
     }
 
     #[test]
