@@ -36,6 +36,8 @@ pub struct LeaseConfig {
     pub name: String,
     /// This replica's holder identity.
     pub identity: String,
+    /// What this adapter serves (`OutputConfig::fingerprint`).
+    pub fingerprint: String,
 }
 
 /// What this replica last saw of the Lease: its resourceVersion and when it changed.

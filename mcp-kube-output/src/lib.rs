@@ -61,6 +61,9 @@ pub struct OutputConfig {
     pub burst: u32,
     /// How often the API server's objects are listed again (drift repair).
     pub resync: Duration,
+    /// What this adapter serves, as a fingerprint of its flags: replicas share it, another
+    /// adapter with the same ownership labels does not (kept on the Lease).
+    pub fingerprint: String,
 }
 
 /// Whether the registry has synced once (the runtime knows; the output never writes before).
@@ -93,6 +96,25 @@ pub struct OutputStatus {
     pub refused: Vec<String>,
     /// Objects the API server refused, by name.
     pub rejected: BTreeMap<String, Rejected>,
+    /// Other adapters writing objects with this adapter's ownership labels under a Lease of
+    /// their own (seen on the objects): their objects are left alone.
+    pub owner_conflicts: Vec<OwnerConflict>,
+    /// This adapter's Lease is held by a replica configured differently (another adapter with
+    /// the same registry, source and shard): this one does not write.
+    pub lease_conflict: Option<String>,
+}
+
+/// Another adapter claiming this adapter's objects: seen on objects that carry this adapter's
+/// ownership labels but name another Lease, whose holder is alive.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnerConflict {
+    /// The other Lease, `namespace/name`.
+    pub lease: String,
+    /// Its holder.
+    pub holder: String,
+    /// How many objects name it.
+    pub objects: usize,
 }
 
 /// Shared [`OutputStatus`]: the output writes it, the admin endpoints read it; the lock is never
@@ -117,11 +139,17 @@ impl OutputStatus {
 
     /// The output cannot do its job: the leader cannot write, or the Lease cannot be reached.
     pub fn failing(&self) -> bool {
-        self.lease_error.is_some() || (self.leader && self.last_error.is_some())
+        self.lease_error.is_some()
+            || self.lease_conflict.is_some()
+            || !self.owner_conflicts.is_empty()
+            || (self.leader && self.last_error.is_some())
     }
 
     /// One line for people: leadership, and how far behind.
     pub fn summary(&self) -> String {
+        if let Some(c) = &self.lease_conflict {
+            return format!("kube output: not writing: {c}");
+        }
         if let (false, Some(e)) = (self.leader, &self.lease_error) {
             return format!(
                 "kube output: not writing: cannot read or renew the Lease {} ({e})",
@@ -161,6 +189,12 @@ impl OutputStatus {
                 self.rejected.len()
             ));
         }
+        for c in &self.owner_conflicts {
+            s.push_str(&format!(
+                "; another adapter claims this one's objects: {} objects written under Lease {} (held by {}), left alone (give one of them another --source-name)",
+                c.objects, c.lease, c.holder
+            ));
+        }
         s
     }
 
@@ -188,6 +222,8 @@ impl OutputStatus {
             "conflicts": &self.conflicts[..self.conflicts.len().min(limit)],
             "refused": &self.refused[..self.refused.len().min(limit)],
             "rejected": rejected,
+            "ownerConflicts": self.owner_conflicts,
+            "leaseConflict": self.lease_conflict,
         });
         (json, cut)
     }
@@ -255,6 +291,7 @@ pub async fn start(
             .identity
             .clone()
             .unwrap_or_else(lease::default_identity),
+        fingerprint: args.fingerprint.clone(),
     };
     let shards = parts.snapshots.len();
     let shard_labels: Vec<Option<String>> = (0..shards)

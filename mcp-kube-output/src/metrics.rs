@@ -2,7 +2,7 @@
 //! path's.
 
 use mcp_core::metrics::Metrics;
-use prometheus::{Gauge, IntCounterVec, IntGauge};
+use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec};
 
 /// What the output counts: requests, pending objects, lag, leadership, objects, conflicts.
 #[derive(Clone, Debug)]
@@ -22,13 +22,17 @@ pub struct OutputMetrics {
     pub kube_conflicts: IntGauge,
     /// Kubernetes output: objects the API server refused.
     pub kube_rejected: IntGauge,
+    /// Kubernetes output: other adapters that claim this one's objects (same registry, source
+    /// and shard), by where they were seen: `lease` (the holder of this adapter's Lease is
+    /// configured differently) or `objects` (objects written under another live Lease).
+    pub kube_owner_conflicts: IntGaugeVec,
 }
 
 impl OutputMetrics {
     /// Registers the output's series in `metrics`' registry.
     pub fn new(metrics: &Metrics) -> Result<Self, prometheus::Error> {
         let r = metrics.registrar();
-        Ok(Self {
+        let m = Self {
             kube_requests: r.counter(
                 "mcp_adapter_kube_output_requests_total",
                 "Kubernetes output: requests to the API server, by verb and HTTP code.",
@@ -58,6 +62,16 @@ impl OutputMetrics {
                 "mcp_adapter_kube_output_rejected",
                 "Kubernetes output: objects the API server refused.",
             )?,
-        })
+            kube_owner_conflicts: r.gauge_vec(
+                "mcp_adapter_kube_output_owner_conflicts",
+                "Kubernetes output: other adapters claiming this adapter's objects (same registry, source and shard), by where they were seen (lease, objects).",
+                &["seen_in"],
+            )?,
+        };
+        // Both series exist from the start: a dashboard tells 0 from "not reported".
+        for seen_in in ["lease", "objects"] {
+            m.kube_owner_conflicts.with_label_values(&[seen_in]).set(0);
+        }
+        Ok(m)
     }
 }

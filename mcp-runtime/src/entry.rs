@@ -64,8 +64,10 @@ pub fn command<C: AdapterConfig>() -> clap::Command {
 /// Parses the command line (exiting with clap's message on bad flags, as `--help` and
 /// `--version` do), builds the registry and runs the adapter until SIGTERM or SIGINT.
 pub fn run<C: AdapterConfig>() -> Result<(), EntryError<C::Error>> {
-    let matches = command::<C>().get_matches();
-    let flags = Flags::<C>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let cmd = command::<C>();
+    let matches = cmd.clone().get_matches();
+    let mut flags = Flags::<C>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    flags.common.output.config_fingerprint = crate::fingerprint::of(&cmd, &matches);
     if std::env::var_os("RUST_LOG").is_none() && C::DEFAULT_LOG_FILTER != "info" {
         // Before any thread exists (the runtime's are started below).
         std::env::set_var("RUST_LOG", C::DEFAULT_LOG_FILTER);

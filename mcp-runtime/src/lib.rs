@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod cli;
 pub mod entry;
+pub mod fingerprint;
 pub mod flags;
 pub mod http_client;
 pub mod runtime;

@@ -485,6 +485,7 @@ mod tests {
             "mcp_adapter_kube_output_objects",
             "mcp_adapter_kube_output_conflicts",
             "mcp_adapter_kube_output_rejected",
+            "mcp_adapter_kube_output_owner_conflicts",
         ] {
             assert!(
                 text.contains(&format!("{name}{{")),

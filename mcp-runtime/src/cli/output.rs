@@ -76,6 +76,11 @@ pub struct OutputArgs {
     /// deletions, and to notice a conflicting object that went away (1s to 168h).
     #[arg(long, env = "MCP_OUTPUT_RESYNC", default_value = "5m", value_parser = resync)]
     pub output_resync: Duration,
+
+    /// The fingerprint of the flags that decide what this adapter serves (set by
+    /// `entry::run` from the whole command line; see `fingerprint`).
+    #[arg(skip)]
+    pub config_fingerprint: String,
 }
 
 /// A rate above zero.
@@ -91,6 +96,7 @@ impl OutputArgs {
             qps: self.output_qps,
             burst: self.output_burst,
             resync: self.output_resync,
+            fingerprint: self.config_fingerprint.clone(),
         }
     }
 }
