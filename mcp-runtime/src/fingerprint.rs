@@ -62,12 +62,12 @@ pub fn of(command: &Command, matches: &ArgMatches) -> String {
         let Ok(Some(values)) = matches.try_get_raw(id) else {
             continue;
         };
+        // Flattened groups are ids too (their values are argument names): only arguments count.
+        let Some(arg) = command.get_arguments().find(|a| a.get_id().as_str() == id) else {
+            continue;
+        };
         let values: Vec<_> = values.collect();
-        let default: Vec<_> = command
-            .get_arguments()
-            .find(|a| a.get_id().as_str() == id)
-            .map(|a| a.get_default_values().to_vec())
-            .unwrap_or_default();
+        let default = arg.get_default_values();
         if !default.is_empty()
             && values
                 .iter()
