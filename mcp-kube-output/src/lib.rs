@@ -21,9 +21,11 @@
 mod client;
 mod lease;
 mod limiter;
+mod list;
 pub mod metrics;
 mod object;
 mod plan;
+mod send;
 mod sync;
 
 use std::collections::BTreeMap;
@@ -99,6 +101,9 @@ pub struct OutputStatus {
     /// Other adapters writing objects with this adapter's ownership labels under a Lease of
     /// their own (seen on the objects): their objects are left alone.
     pub owner_conflicts: Vec<OwnerConflict>,
+    /// Output namespaces that cannot be listed (403, 404), with the API server's answer: their
+    /// names are neither written nor deleted; the other namespaces go on.
+    pub unreadable: BTreeMap<String, String>,
     /// This adapter's Lease is held by a replica configured differently (another adapter with
     /// the same registry, source and shard): this one does not write.
     pub lease_conflict: Option<String>,
@@ -142,6 +147,7 @@ impl OutputStatus {
         self.lease_error.is_some()
             || self.lease_conflict.is_some()
             || !self.owner_conflicts.is_empty()
+            || (self.leader && !self.unreadable.is_empty())
             || (self.leader && self.last_error.is_some())
     }
 
@@ -189,6 +195,11 @@ impl OutputStatus {
                 self.rejected.len()
             ));
         }
+        for (ns, e) in &self.unreadable {
+            s.push_str(&format!(
+                "; cannot list namespace {ns}, its objects wait ({e})"
+            ));
+        }
         for c in &self.owner_conflicts {
             s.push_str(&format!(
                 "; another adapter claims this one's objects: {} objects written under Lease {} (held by {}), left alone (give one of them another --source-name)",
@@ -224,6 +235,7 @@ impl OutputStatus {
             "rejected": rejected,
             "ownerConflicts": self.owner_conflicts,
             "leaseConflict": self.lease_conflict,
+            "unreadable": self.unreadable,
         });
         (json, cut)
     }
@@ -280,13 +292,15 @@ pub async fn start(
         &parts.source,
         parts.only_shard.map(|(i, n)| object::shard_label(i, n)),
     );
+    let lease_name = format!("mcp-adapter-{}{shard_suffix}", owner.source);
+    let lease_namespace = args
+        .lease_namespace
+        .clone()
+        .or_else(|| args.namespaces.first().cloned())
+        .unwrap_or_else(|| parts.namespace.clone());
     let lease = LeaseConfig {
-        namespace: args
-            .lease_namespace
-            .clone()
-            .or_else(|| args.namespaces.first().cloned())
-            .unwrap_or_else(|| parts.namespace.clone()),
-        name: format!("mcp-adapter-{}{shard_suffix}", owner.source),
+        namespace: lease_namespace.clone(),
+        name: lease_name.clone(),
         identity: args
             .identity
             .clone()
@@ -325,6 +339,7 @@ pub async fn start(
     let writer = sync::ObjectWriter {
         client,
         owner,
+        lease: format!("{}/{}", lease_namespace, lease_name),
         namespaces: args.namespaces.clone(),
         limiter: limiter::Limiter::new(args.qps, args.burst),
         resync: args.resync,

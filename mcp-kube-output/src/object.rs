@@ -32,6 +32,11 @@ pub const LABEL_SHARD: &str = "mcp-adapter/shard";
 /// The entry version the object was written from.
 pub const ANNOTATION_VERSION: &str = "mcp-adapter/version";
 
+/// The Lease (`namespace/name`) its writer held: an object with this adapter's labels under
+/// another Lease whose holder is alive belongs to another adapter (a second adapter of this
+/// registry with the same `--source-name`, or the other shard layout during a change).
+pub const ANNOTATION_LEASE: &str = "mcp-adapter/lease";
+
 /// Whose objects these are: the labels every object of this adapter carries and the selector
 /// that lists them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,17 +72,79 @@ impl Owner {
         s
     }
 
-    /// Whether an object with these labels is this process's.
+    /// Whether an object with these labels is this process's (of its family and shard).
     pub fn owns(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.family(labels)
+            && self
+                .only_shard
+                .as_deref()
+                .is_none_or(|s| labels.get(LABEL_SHARD).is_some_and(|l| l == s))
+    }
+
+    /// Whether an object with these labels was written for this registry and source (by this
+    /// process, a sibling shard or another shard layout).
+    fn family(&self, labels: &BTreeMap<String, String>) -> bool {
         let is = |k: &str, v: &str| labels.get(k).is_some_and(|l| l == v);
         is(LABEL_MANAGED_BY, MANAGED_BY)
             && is(LABEL_REGISTRY, &self.registry)
             && is(LABEL_SOURCE, &self.source)
-            && self
-                .only_shard
-                .as_deref()
-                .is_none_or(|s| is(LABEL_SHARD, s))
     }
+
+    /// Whose an object is, from its labels and annotations, for this process writing under
+    /// `lease` (`namespace/name`).
+    pub fn classify(
+        &self,
+        lease: &str,
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+    ) -> Claim {
+        if !self.family(labels) {
+            return Claim::NotOurs;
+        }
+        let shard = labels.get(LABEL_SHARD).map(String::as_str);
+        let other_layout = match (&self.only_shard, shard) {
+            (None, _) => false,
+            (Some(mine), Some(theirs)) if mine == theirs => false,
+            (Some(mine), Some(theirs)) if same_count(mine, theirs) => return Claim::Sibling,
+            (Some(_), _) => true,
+        };
+        match annotations.get(ANNOTATION_LEASE) {
+            Some(other) if other != lease => Claim::OtherLease {
+                lease: other.clone(),
+                other_layout,
+            },
+            _ if other_layout => Claim::Stranded,
+            _ => Claim::Ours,
+        }
+    }
+}
+
+/// Whose a listed object is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// This process's.
+    Ours,
+    /// Of this adapter under another shard layout (or before `--shard`), by no other live
+    /// writer: taken over if served here, deleted once unclaimed at a second list.
+    Stranded,
+    /// Of a sibling shard process (same layout, another index): not this process's business.
+    Sibling,
+    /// Written under another Lease: another adapter's while that Lease's holder lives, else
+    /// (its writer is gone) this process's, or stranded when of another layout.
+    OtherLease {
+        /// The Lease, `namespace/name`.
+        lease: String,
+        /// Of another shard layout.
+        other_layout: bool,
+    },
+    /// Not written for this registry and source: a user's or another adapter's.
+    NotOurs,
+}
+
+/// Whether two shard labels (`<i>-of-<n>`) are of one layout (one `n`).
+fn same_count(a: &str, b: &str) -> bool {
+    let count = |s: &str| s.rsplit_once("-of-").map(|(_, n)| n.to_string());
+    count(a).is_some() && count(a) == count(b)
 }
 
 /// Why an entry could not be rendered (its bytes are not a ServiceEntry resource: a bug).
@@ -88,8 +155,14 @@ pub struct RenderError {
     source: prost::DecodeError,
 }
 
-/// The object to apply for `entry`, labelled with `shard` (`<i>-of-<n>`) when sharded.
-pub fn render(entry: &Entry, shard: Option<&str>) -> Result<Value, RenderError> {
+/// The object to apply for `entry`, labelled with `shard` (`<i>-of-<n>`) when sharded, written
+/// under `lease`; with `uid`, the apply is refused unless the object is still that one.
+pub fn render(
+    entry: &Entry,
+    shard: Option<&str>,
+    lease: &str,
+    uid: Option<&str>,
+) -> Result<Value, RenderError> {
     let bad = |source| RenderError {
         name: entry.name.to_string(),
         source,
@@ -108,7 +181,8 @@ pub fn render(entry: &Entry, shard: Option<&str>) -> Result<Value, RenderError> 
     }
     let mut annotations: BTreeMap<String, String> = meta.annotations.into_iter().collect();
     annotations.insert(ANNOTATION_VERSION.into(), entry.version.to_string());
-    Ok(json!({
+    annotations.insert(ANNOTATION_LEASE.into(), lease.to_string());
+    let mut obj = json!({
         "apiVersion": API_VERSION,
         "kind": "ServiceEntry",
         "metadata": {
@@ -118,7 +192,11 @@ pub fn render(entry: &Entry, shard: Option<&str>) -> Result<Value, RenderError> 
             "annotations": annotations,
         },
         "spec": spec_json(&spec),
-    }))
+    });
+    if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+        obj["metadata"]["uid"] = json!(uid);
+    }
+    Ok(obj)
 }
 
 /// `namespace/name` as its two parts (every served name has both).
@@ -143,7 +221,11 @@ mod tests {
         let cfg = test_config(mcp_core::OnEmpty::Keep, mcp_core::vip::VipCidr::Off);
         let t = translate(mk_service("web", 2), &cfg).expect("valid");
         let entry = encode(&t);
-        let obj = render(&entry, Some("1-of-4")).expect("renders");
+        let obj = render(&entry, Some("1-of-4"), "ns/lease", None).expect("renders");
+        assert_eq!(obj["metadata"]["annotations"][ANNOTATION_LEASE], "ns/lease");
+        assert!(obj["metadata"].get("uid").is_none());
+        let forced = render(&entry, Some("1-of-4"), "ns/lease", Some("u-1")).expect("renders");
+        assert_eq!(forced["metadata"]["uid"], "u-1");
         assert_eq!(obj["metadata"]["namespace"], "ns");
         assert_eq!(obj["metadata"]["name"], "web");
         let labels = &obj["metadata"]["labels"];
@@ -169,6 +251,56 @@ mod tests {
         let mut other = labels.clone();
         other.insert(LABEL_SOURCE.into(), "someone-else".into());
         assert!(!owner.owns(&other));
+        // Classification: ours, a sibling shard's, another layout's, another Lease's.
+        let ann = |lease: &str| -> BTreeMap<String, String> {
+            [(ANNOTATION_LEASE.to_string(), lease.to_string())].into()
+        };
+        let shard_0_of_2 = Owner {
+            only_shard: Some("0-of-2".into()),
+            ..owner.clone()
+        };
+        let with_shard = |s: &str| {
+            let mut l = labels.clone();
+            l.insert(LABEL_SHARD.into(), s.into());
+            l
+        };
+        assert_eq!(owner.classify("ns/l", &labels, &ann("ns/l")), Claim::Ours);
+        assert_eq!(
+            owner.classify("ns/l", &labels, &BTreeMap::new()),
+            Claim::Ours
+        );
+        assert_eq!(owner.classify("ns/l", &other, &ann("ns/l")), Claim::NotOurs);
+        assert_eq!(
+            owner.classify("ns/l", &labels, &ann("b/l")),
+            Claim::OtherLease {
+                lease: "b/l".into(),
+                other_layout: false
+            }
+        );
+        assert_eq!(
+            shard_0_of_2.classify("ns/l", &with_shard("1-of-2"), &ann("ns/x")),
+            Claim::Sibling
+        );
+        assert_eq!(
+            shard_0_of_2.classify("ns/l", &with_shard("0-of-2"), &ann("ns/l")),
+            Claim::Ours
+        );
+        assert_eq!(
+            shard_0_of_2.classify("ns/l", &with_shard("2-of-3"), &BTreeMap::new()),
+            Claim::Stranded
+        );
+        assert_eq!(
+            shard_0_of_2.classify("ns/l", &with_shard("2-of-3"), &ann("ns/x")),
+            Claim::OtherLease {
+                lease: "ns/x".into(),
+                other_layout: true
+            }
+        );
+        assert_eq!(
+            shard_0_of_2.classify("ns/l", &labels, &ann("ns/l")),
+            Claim::Stranded,
+            "unsharded objects are another layout's"
+        );
         assert_eq!(
             owner.selector(),
             format!(

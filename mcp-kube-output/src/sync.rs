@@ -1,36 +1,39 @@
 //! The output's writer: makes the API server hold the newest served set, one request per object
-//! that changed, while this replica leads.
+//! that changed, while this replica leads. `list` says what the API server holds, `plan` what to
+//! send, `send` sends it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DynamicObject};
 use kube::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{code_label, service_entries, status_code, transient};
+use super::client::{code_label, service_entries};
 use super::limiter::Limiter;
-use super::object::{self, Owner, ANNOTATION_VERSION, FIELD_MANAGER, LABEL_SHARD};
-use super::plan::{Action, Desired, Ledger, Plan, Rejected, Written};
+use super::object::Owner;
+use super::plan::{Backlog, Desired, Ledger, Plan};
 use crate::metrics::OutputMetrics;
-use crate::{RegistrySynced, SharedOutputStatus};
+use crate::{OwnerConflict, RegistrySynced, SharedOutputStatus};
 use mcp_core::cache::Snapshot;
 use mcp_core::clip::clip_error;
 use mcp_core::retry::Backoff;
 
-/// Requests in flight at once (each still waits for the rate limit).
-const IN_FLIGHT: usize = 8;
 /// Between two looks at whether the registry's first sync is done.
 const SYNC_POLL: Duration = Duration::from_millis(100);
-/// Page size of the metadata list.
-const LIST_PAGE: u32 = 500;
+/// How soon the API server is listed again while another live writer holds objects with this
+/// adapter's labels (its objects are taken over soon after it stops, not a resync later).
+const CONFLICT_RELIST: Duration = Duration::from_secs(10);
 
 pub(super) struct ObjectWriter {
     pub(super) client: Client,
     pub(super) owner: Owner,
+    /// The Lease this process writes under, `namespace/name` (put on every object).
+    pub(super) lease: String,
     /// `--output-namespaces` (empty: any).
     pub(super) namespaces: Vec<String>,
     pub(super) limiter: Limiter,
@@ -49,7 +52,7 @@ pub(super) struct ObjectWriter {
 /// A failure that stops this round (the API server is unwell or unreachable); retried with
 /// backoff.
 #[derive(Debug, thiserror::Error)]
-enum SyncError {
+pub(super) enum SyncError {
     #[error("list ServiceEntries{where_}: {source}")]
     List { where_: String, source: kube::Error },
     #[error("{verb} ServiceEntry {name}: {source}")]
@@ -65,26 +68,38 @@ enum Wake {
     Shutdown,
 }
 
+/// What the leader knows between rounds.
+#[derive(Default)]
+struct Known {
+    ledger: Option<Ledger>,
+    owner_conflicts: Vec<OwnerConflict>,
+    unreadable: BTreeMap<String, String>,
+}
+
 impl ObjectWriter {
     pub(super) async fn run(mut self) {
-        let mut ledger: Option<Ledger> = None;
+        let mut known = Known::default();
+        let mut backlog = Backlog::default();
         let mut backoff = Backoff::new();
         let mut next_list = Instant::now();
         loop {
             if self.shutdown.is_cancelled() {
                 return;
             }
-            let leads = *self.leader.borrow_and_update();
-            if !leads || !self.registry_synced() {
-                if !leads && ledger.take().is_some() {
+            self.leader.borrow_and_update();
+            if !self.leads() || !self.registry_synced() {
+                if !self.leads() && known.ledger.take().is_some() {
+                    backlog = Backlog::default();
                     self.update_status(|o| {
                         o.leader = false;
                         o.in_step = false;
                         o.pending = 0;
                         o.behind_since = None;
+                        o.owner_conflicts.clear();
                     });
                     self.metrics.kube_pending.set(0);
                     self.metrics.kube_lag.set(0.0);
+                    self.set_owner_conflicts(&[]);
                 }
                 // What is served now is re-read when this replica leads: wake for what comes
                 // after it.
@@ -97,12 +112,23 @@ impl ObjectWriter {
                 continue;
             }
             self.update_status(|o| o.leader = true);
-            if ledger.is_none() || Instant::now() >= next_list {
-                match self.list().await {
+            if known.ledger.is_none() || Instant::now() >= next_list {
+                let first = known.ledger.is_none();
+                match self.list(first).await {
                     Ok(listed) => {
-                        let old = ledger.take().unwrap_or_default();
-                        ledger = Some(old.relisted(listed));
-                        next_list = Instant::now() + self.resync;
+                        let old = known.ledger.take().unwrap_or_default();
+                        known.ledger = Some(old.relisted(listed.ledger));
+                        let every = if listed.owner_conflicts.is_empty() {
+                            self.resync
+                        } else {
+                            self.resync.min(CONFLICT_RELIST)
+                        };
+                        next_list = Instant::now() + every;
+                        self.set_owner_conflicts(&listed.owner_conflicts);
+                        known.owner_conflicts = listed.owner_conflicts;
+                        known.unreadable = listed.unreadable;
+                        // The API server answered: an earlier failure no longer stands.
+                        self.update_status(|o| o.last_error = None);
                     }
                     Err(e) => {
                         if let Wake::Shutdown = self.failed(e, &mut backoff).await {
@@ -112,25 +138,49 @@ impl ObjectWriter {
                     }
                 }
             }
-            let Some(current) = ledger.as_mut() else {
+            let Some(mut ledger) = known.ledger.take() else {
                 continue;
             };
             let desired = self.desired();
-            let plan = current.plan(&desired, |ns| self.allowed(ns));
-            self.report(current, &plan);
-            if plan.actions.is_empty() {
+            let plan = ledger.plan(&desired, |ns| {
+                self.allowed(ns) && !known.unreadable.contains_key(ns)
+            });
+            let pending = plan.actions.len();
+            self.report(&ledger, &plan, &known, pending);
+            let (ready, next_retry) = backlog.order(plan.actions, Instant::now());
+            if ready.is_empty() {
                 backoff.synced(Instant::now());
-                if let Wake::Shutdown = self.wait(None, Some(next_list)).await {
+                known.ledger = Some(ledger);
+                let until = next_retry.map_or(next_list, |r| r.min(next_list));
+                if let Wake::Shutdown = self.wait(None, Some(until)).await {
                     return;
                 }
                 continue;
             }
-            if let Err(e) = self.execute(current, plan.actions).await {
-                if let Wake::Shutdown = self.failed(e, &mut backoff).await {
-                    return;
+            let result = self.execute(&mut ledger, &mut backlog, ready).await;
+            known.ledger = Some(ledger);
+            match result {
+                Err(e) => {
+                    if let Wake::Shutdown = self.failed(e, &mut backoff).await {
+                        return;
+                    }
                 }
-            } else {
-                self.update_status(|o| o.last_error = None);
+                Ok(()) => self.update_status(|o| o.last_error = None),
+            }
+        }
+    }
+
+    /// This replica holds the Lease (a closed channel, the Lease task gone, means it does not).
+    pub(super) fn leads(&self) -> bool {
+        self.leader.has_changed().is_ok() && *self.leader.borrow()
+    }
+
+    /// Resolves when this replica no longer leads.
+    pub(super) async fn lost_leadership(&self) {
+        let mut rx = self.leader.clone();
+        while *rx.borrow_and_update() {
+            if rx.changed().await.is_err() {
+                return;
             }
         }
     }
@@ -157,12 +207,11 @@ impl ObjectWriter {
 
     /// Waits for a new snapshot, a leadership change, `poll` or `until`.
     async fn wait(&mut self, poll: Option<Duration>, until: Option<Instant>) -> Wake {
-        let changes = self
+        let mut changes = self
             .snapshots
             .iter_mut()
             .map(|rx| Box::pin(async move { rx.changed().await.is_ok() }))
             .collect::<FuturesUnordered<_>>();
-        let mut changes = changes;
         let poll = async {
             match poll {
                 Some(d) => tokio::time::sleep(d).await,
@@ -175,9 +224,16 @@ impl ObjectWriter {
                 None => std::future::pending().await,
             }
         };
+        // A closed leadership channel never wakes this (it would spin): not leading is then
+        // re-read at the next poll or change.
+        let leader = async {
+            if self.leader.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             _ = self.shutdown.cancelled() => Wake::Shutdown,
-            _ = self.leader.changed() => Wake::Changed,
+            _ = leader => Wake::Changed,
             Some(true) = changes.next() => Wake::Changed,
             _ = poll => Wake::Changed,
             _ = until => Wake::Changed,
@@ -195,7 +251,7 @@ impl ObjectWriter {
         }
     }
 
-    fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
+    pub(super) fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
         let resource = service_entries();
         match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
@@ -203,126 +259,34 @@ impl ObjectWriter {
         }
     }
 
-    fn count(&self, verb: &str, result: Result<(), &kube::Error>) {
+    pub(super) fn count(&self, verb: &str, result: Result<(), &kube::Error>) {
         self.metrics
             .kube_requests
             .with_label_values(&[verb, &code_label(&result)])
             .inc();
     }
 
-    /// Every ServiceEntry in the output's namespaces, metadata only: ours by the ownership
-    /// labels, every other name foreign.
-    async fn list(&mut self) -> Result<Ledger, SyncError> {
-        let scopes: Vec<Option<String>> = if self.namespaces.is_empty() {
-            vec![None]
-        } else {
-            self.namespaces.iter().cloned().map(Some).collect()
-        };
-        let mut ledger = Ledger::default();
-        for scope in scopes {
-            let api = self.api(scope.as_deref());
-            let mut params = ListParams::default().limit(LIST_PAGE);
-            loop {
-                self.limiter.acquire().await;
-                let page = api.list_metadata(&params).await;
-                self.count("list", page.as_ref().map(|_| ()));
-                let page = page.map_err(|source| SyncError::List {
-                    where_: scope
-                        .as_ref()
-                        .map(|ns| format!(" in namespace {ns}"))
-                        .unwrap_or_default(),
-                    source,
-                })?;
-                for item in &page.items {
-                    let meta = &item.metadata;
-                    let name = format!(
-                        "{}/{}",
-                        meta.namespace.as_deref().unwrap_or_default(),
-                        meta.name.as_deref().unwrap_or_default()
-                    );
-                    let labels = meta.labels.clone().unwrap_or_default();
-                    if self.owner.owns(&labels) {
-                        let version = meta
-                            .annotations
-                            .as_ref()
-                            .and_then(|a| a.get(ANNOTATION_VERSION))
-                            .cloned()
-                            .unwrap_or_default();
-                        ledger.written.insert(
-                            name,
-                            Written {
-                                version,
-                                shard: labels.get(LABEL_SHARD).cloned(),
-                                uid: meta.uid.clone().unwrap_or_default(),
-                                generation: meta.generation,
-                            },
-                        );
-                    } else {
-                        ledger.foreign.insert(name);
-                    }
-                }
-                match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                    Some(token) => params = params.continue_token(&token),
-                    None => break,
-                }
+    /// Publishes the other live writers found on objects (a log line when the set changes).
+    fn set_owner_conflicts(&self, now: &[OwnerConflict]) {
+        let before = self.status.lock().owner_conflicts.clone();
+        if before != now {
+            for c in now {
+                tracing::warn!(other_lease = %c.lease, other_holder = %c.holder, objects = c.objects, lease = %self.lease, "Kubernetes output: another adapter writes objects with this adapter's labels (same registry, --source-name and shard) under its own Lease; its objects are left alone. Give one of them another --source-name.");
+            }
+            if now.is_empty() {
+                tracing::info!(
+                    "Kubernetes output: no other adapter writes this adapter's objects any more."
+                );
             }
         }
-        tracing::info!(
-            objects = ledger.written.len(),
-            foreign = ledger.foreign.len(),
-            "Kubernetes output: listed the API server's ServiceEntries."
-        );
-        Ok(ledger)
+        self.metrics
+            .kube_owner_conflicts
+            .with_label_values(&["objects"])
+            .set(now.len() as i64);
+        self.update_status(|o| o.owner_conflicts = now.to_vec());
     }
 
-    /// Sends the plan's requests (applies first), rate limited, a few at a time; stops early
-    /// when a newer served set arrives (the next plan covers it) or leadership is lost.
-    async fn execute(
-        &mut self,
-        ledger: &mut Ledger,
-        actions: Vec<Action>,
-    ) -> Result<(), SyncError> {
-        let mut actions = actions.into_iter();
-        let mut in_flight = FuturesUnordered::new();
-        let mut result = Ok(());
-        loop {
-            let stop = result.is_err()
-                || !*self.leader.borrow()
-                || self.shutdown.is_cancelled()
-                || self
-                    .snapshots
-                    .iter()
-                    .any(|rx| rx.has_changed().unwrap_or(false));
-            while !stop && in_flight.len() < IN_FLIGHT {
-                let Some(action) = actions.next() else { break };
-                self.limiter.acquire().await;
-                in_flight.push(send(self.api_for(&action), action));
-            }
-            let Some((action, outcome)) = in_flight.next().await else {
-                break;
-            };
-            let verb = match &action {
-                Action::Apply { .. } => "apply",
-                Action::Delete { .. } => "delete",
-            };
-            match &outcome {
-                Ok(_) => self.count(verb, Ok(())),
-                Err(Failure::Api(e)) => self.count(verb, Err(e)),
-                Err(Failure::Render(_)) => {}
-            }
-            if let Err(e) = record(ledger, action, outcome) {
-                result = Err(e);
-            }
-        }
-        result
-    }
-
-    fn api_for(&self, action: &Action) -> Api<DynamicObject> {
-        self.api(Some(object::split_name(action.name()).0))
-    }
-
-    fn report(&self, ledger: &Ledger, plan: &Plan) {
-        let pending = plan.actions.len();
+    fn report(&self, ledger: &Ledger, plan: &Plan, known: &Known, pending: usize) {
         self.metrics.kube_pending.set(pending as i64);
         self.metrics.kube_objects.set(ledger.written.len() as i64);
         self.metrics.kube_conflicts.set(plan.conflicts.len() as i64);
@@ -340,6 +304,7 @@ impl ObjectWriter {
             o.conflicts = plan.conflicts.clone();
             o.refused = plan.refused.clone();
             o.rejected = ledger.rejected.clone();
+            o.unreadable = known.unreadable.clone();
         });
         let lag = self.status.lock().lag_secs();
         self.metrics.kube_lag.set(lag);
@@ -348,126 +313,4 @@ impl ObjectWriter {
     fn update_status(&self, f: impl FnOnce(&mut super::OutputStatus)) {
         f(&mut self.status.lock());
     }
-}
-
-/// Why one request did not do what it should.
-enum Failure {
-    /// The entry's bytes could not be rendered (no request was sent).
-    Render(object::RenderError),
-    /// The API server (or the way to it) said no.
-    Api(kube::Error),
-}
-
-/// Sends one request; an apply returns the object as stored.
-async fn send(
-    api: Api<DynamicObject>,
-    action: Action,
-) -> (Action, Result<Option<DynamicObject>, Failure>) {
-    let name = object::split_name(action.name()).1.to_string();
-    let outcome = match &action {
-        Action::Apply {
-            entry,
-            shard,
-            owned,
-        } => match object::render(entry, shard.as_deref()) {
-            Err(e) => Err(Failure::Render(e)),
-            Ok(obj) => {
-                // Force only on our own objects: on a name we do not hold yet, a field another
-                // manager set is a conflict (409), never taken over.
-                let mut params = PatchParams::apply(FIELD_MANAGER);
-                if *owned {
-                    params = params.force();
-                }
-                api.patch(&name, &params, &Patch::Apply(&obj))
-                    .await
-                    .map(Some)
-                    .map_err(Failure::Api)
-            }
-        },
-        Action::Delete { uid, .. } => {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            api.delete(&name, &params)
-                .await
-                .map(|_| None)
-                .map_err(Failure::Api)
-        }
-    };
-    (action, outcome)
-}
-
-/// Keeps the ledger true to what the API server answered.
-fn record(
-    ledger: &mut Ledger,
-    action: Action,
-    outcome: Result<Option<DynamicObject>, Failure>,
-) -> Result<(), SyncError> {
-    let name = action.name().to_string();
-    match (action, outcome) {
-        (Action::Apply { entry, shard, .. }, Ok(stored)) => {
-            let meta = stored.map(|o| o.metadata).unwrap_or_default();
-            ledger.rejected.remove(&name);
-            ledger.written.insert(
-                name,
-                Written {
-                    version: entry.version.to_string(),
-                    shard,
-                    uid: meta.uid.unwrap_or_default(),
-                    generation: meta.generation,
-                },
-            );
-        }
-        (Action::Delete { .. }, Ok(_)) => {
-            ledger.written.remove(&name);
-        }
-        (action, Err(Failure::Render(e))) => {
-            tracing::error!(name = %name, error = %e, "Kubernetes output: cannot render the entry; not written.");
-            reject(ledger, &action, e.to_string());
-        }
-        (action, Err(Failure::Api(e))) => {
-            let code = status_code(&e);
-            match (&action, code) {
-                _ if transient(&e) => {
-                    let verb = match action {
-                        Action::Apply { .. } => "apply",
-                        Action::Delete { .. } => "delete",
-                    };
-                    return Err(SyncError::Write {
-                        verb,
-                        name,
-                        source: e,
-                    });
-                }
-                (Action::Apply { owned: false, .. }, Some(409)) => {
-                    tracing::warn!(name = %name, error = %e, "Kubernetes output: a ServiceEntry of this name exists and is not this adapter's; left alone.");
-                    ledger.foreign.insert(name);
-                }
-                // Gone already, or re-created by someone else (uid precondition): not ours.
-                (Action::Delete { .. }, Some(404 | 409)) => {
-                    ledger.written.remove(&name);
-                }
-                _ => {
-                    let text = clip_error(e.to_string());
-                    tracing::warn!(name = %name, error = %text, "Kubernetes output: the API server refused the object; retried when it changes.");
-                    reject(ledger, &action, text);
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-fn reject(ledger: &mut Ledger, action: &Action, message: String) {
-    let version = match action {
-        Action::Apply { entry, .. } => entry.version.to_string(),
-        Action::Delete { .. } => String::new(),
-    };
-    ledger
-        .rejected
-        .insert(action.name().to_string(), Rejected { version, message });
 }

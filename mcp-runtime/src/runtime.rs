@@ -334,10 +334,13 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
             shutdown: shutdown.clone(),
         };
         let (elect, write) = mcp_kube_output::start(&args.output.config(), parts).await?;
-        tasks.spawn(async move {
+        // The Lease task is supervised as the writer is: if it ends early (a panic), the adapter
+        // stops rather than run an output that believes it leads (the writer also reads a
+        // closed leadership channel as not leading).
+        tasks.spawn(stop_all_on_exit(shutdown.clone(), async move {
             elect.await;
             Ok(())
-        });
+        }));
         tasks.spawn(stop_all_on_exit(shutdown.clone(), async move {
             write.await;
             Ok(())
