@@ -339,7 +339,10 @@ pub async fn start(
     let writer = sync::ObjectWriter {
         client,
         owner,
-        lease: format!("{}/{}", lease_namespace, lease_name),
+        stamp: object::Stamp {
+            lease: format!("{lease_namespace}/{lease_name}"),
+            config: args.fingerprint.clone(),
+        },
         namespaces: args.namespaces.clone(),
         limiter: limiter::Limiter::new(args.qps, args.burst),
         resync: args.resync,

@@ -10,7 +10,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 
 use super::client::status_code;
-use super::object::{self, Claim, ANNOTATION_VERSION, FIELD_MANAGER, LABEL_SHARD};
+use super::object::{
+    self, Claim, ANNOTATION_CONFIG, ANNOTATION_VERSION, FIELD_MANAGER, LABEL_SHARD,
+};
 use super::plan::{Ledger, Written};
 use super::sync::{ObjectWriter, SyncError};
 use crate::OwnerConflict;
@@ -134,7 +136,10 @@ impl ObjectWriter {
         let labels = meta.labels.clone().unwrap_or_default();
         let annotations = meta.annotations.clone().unwrap_or_default();
         let mut adopted = false;
-        let stranded = match self.owner.classify(&self.lease, &labels, &annotations) {
+        let stranded = match self
+            .owner
+            .classify(&self.stamp.lease, &labels, &annotations)
+        {
             Claim::Ours => false,
             Claim::Stranded => true,
             Claim::Sibling => return,
@@ -150,10 +155,17 @@ impl ObjectWriter {
                     let holder = self.holder(&lease).await;
                     leases.insert(lease.clone(), holder);
                 }
-                if let Some(Holder::Live(holder)) = leases.get(&lease) {
-                    let c = conflicts
-                        .entry(lease)
-                        .or_insert_with(|| (holder.clone(), 0));
+                // Its writer lives: another adapter's (or the other layout's, until it stops).
+                // Its writer is gone: this adapter's own under an earlier Lease or layout, else
+                // a differently configured adapter's, never taken (it may be restarting).
+                let holder = match leases.get(&lease) {
+                    Some(Holder::Live(holder)) => Some(holder.clone()),
+                    _ if other_layout => None,
+                    _ if annotations.get(ANNOTATION_CONFIG) == Some(&self.stamp.config) => None,
+                    _ => Some("nobody now (the Lease is not held)".to_string()),
+                };
+                if let Some(holder) = holder {
+                    let c = conflicts.entry(lease).or_insert_with(|| (holder, 0));
                     c.1 += 1;
                     ledger.foreign.insert(name);
                     return;

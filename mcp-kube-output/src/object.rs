@@ -37,6 +37,21 @@ pub const ANNOTATION_VERSION: &str = "mcp-adapter/version";
 /// registry with the same `--source-name`, or the other shard layout during a change).
 pub const ANNOTATION_LEASE: &str = "mcp-adapter/lease";
 
+/// The fingerprint of its writer's serving flags: an object under a Lease no one holds any more
+/// is taken over only by the same adapter (the same fingerprint) or another shard layout of it,
+/// never by a differently configured adapter that happens to carry the same labels.
+pub const ANNOTATION_CONFIG: &str = "mcp-adapter/config";
+
+/// What every object written by this process carries besides its content: the Lease it was
+/// written under (`namespace/name`) and the writer's fingerprint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stamp {
+    /// The Lease.
+    pub lease: String,
+    /// The fingerprint.
+    pub config: String,
+}
+
 /// Whose objects these are: the labels every object of this adapter carries and the selector
 /// that lists them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,12 +170,12 @@ pub struct RenderError {
     source: prost::DecodeError,
 }
 
-/// The object to apply for `entry`, labelled with `shard` (`<i>-of-<n>`) when sharded, written
-/// under `lease`; with `uid`, the apply is refused unless the object is still that one.
+/// The object to apply for `entry`, labelled with `shard` (`<i>-of-<n>`) when sharded, stamped
+/// with its writer; with `uid`, the apply is refused unless the object is still that one.
 pub fn render(
     entry: &Entry,
     shard: Option<&str>,
-    lease: &str,
+    stamp: &Stamp,
     uid: Option<&str>,
 ) -> Result<Value, RenderError> {
     let bad = |source| RenderError {
@@ -181,7 +196,8 @@ pub fn render(
     }
     let mut annotations: BTreeMap<String, String> = meta.annotations.into_iter().collect();
     annotations.insert(ANNOTATION_VERSION.into(), entry.version.to_string());
-    annotations.insert(ANNOTATION_LEASE.into(), lease.to_string());
+    annotations.insert(ANNOTATION_LEASE.into(), stamp.lease.clone());
+    annotations.insert(ANNOTATION_CONFIG.into(), stamp.config.clone());
     let mut obj = json!({
         "apiVersion": API_VERSION,
         "kind": "ServiceEntry",
@@ -221,10 +237,18 @@ mod tests {
         let cfg = test_config(mcp_core::OnEmpty::Keep, mcp_core::vip::VipCidr::Off);
         let t = translate(mk_service("web", 2), &cfg).expect("valid");
         let entry = encode(&t);
-        let obj = render(&entry, Some("1-of-4"), "ns/lease", None).expect("renders");
+        let stamp = Stamp {
+            lease: "ns/lease".into(),
+            config: "0123456789abcdef".into(),
+        };
+        let obj = render(&entry, Some("1-of-4"), &stamp, None).expect("renders");
         assert_eq!(obj["metadata"]["annotations"][ANNOTATION_LEASE], "ns/lease");
+        assert_eq!(
+            obj["metadata"]["annotations"][ANNOTATION_CONFIG],
+            "0123456789abcdef"
+        );
         assert!(obj["metadata"].get("uid").is_none());
-        let forced = render(&entry, Some("1-of-4"), "ns/lease", Some("u-1")).expect("renders");
+        let forced = render(&entry, Some("1-of-4"), &stamp, Some("u-1")).expect("renders");
         assert_eq!(forced["metadata"]["uid"], "u-1");
         assert_eq!(obj["metadata"]["namespace"], "ns");
         assert_eq!(obj["metadata"]["name"], "web");

@@ -8,7 +8,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditi
 use tokio::time::Instant;
 
 use super::client::{status_code, transient};
-use super::object::{self, FIELD_MANAGER};
+use super::object::{self, Stamp, FIELD_MANAGER};
 use super::plan::{Action, Backlog, Ledger, Rejected, Written, REJECT_AFTER};
 use super::sync::{ObjectWriter, SyncError};
 use mcp_core::clip::clip_error;
@@ -57,7 +57,7 @@ impl ObjectWriter {
                     break;
                 }
                 let api = self.api(Some(object::split_name(action.name()).0));
-                in_flight.push(send(api, action, self.lease.clone()));
+                in_flight.push(send(api, action, self.stamp.clone()));
             }
             let next = tokio::select! {
                 next = in_flight.next() => next,
@@ -200,7 +200,7 @@ fn uid_mismatch(e: &kube::Error) -> bool {
 async fn send(
     api: Api<DynamicObject>,
     action: Action,
-    lease: String,
+    stamp: Stamp,
 ) -> (Action, Result<Option<DynamicObject>, Failure>) {
     let name = object::split_name(action.name()).1.to_string();
     let outcome = match &action {
@@ -211,7 +211,7 @@ async fn send(
             uid,
         } => {
             let uid = owned.then_some(uid.as_str());
-            match object::render(entry, shard.as_deref(), &lease, uid) {
+            match object::render(entry, shard.as_deref(), &stamp, uid) {
                 Err(e) => Err(Failure::Unsendable(e.to_string())),
                 Ok(obj) => match serde_json::to_vec(&obj).map(|b| b.len()) {
                     Ok(size) if size > MAX_OBJECT_BYTES => Err(Failure::Unsendable(format!(

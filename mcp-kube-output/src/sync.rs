@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{code_label, service_entries};
 use super::limiter::Limiter;
-use super::object::Owner;
+use super::object::{Owner, Stamp};
 use super::plan::{Backlog, Desired, Ledger, Plan};
 use crate::metrics::OutputMetrics;
 use crate::{OwnerConflict, RegistrySynced, SharedOutputStatus};
@@ -32,8 +32,8 @@ const CONFLICT_RELIST: Duration = Duration::from_secs(10);
 pub(super) struct ObjectWriter {
     pub(super) client: Client,
     pub(super) owner: Owner,
-    /// The Lease this process writes under, `namespace/name` (put on every object).
-    pub(super) lease: String,
+    /// The Lease this process writes under and its fingerprint (put on every object).
+    pub(super) stamp: Stamp,
     /// `--output-namespaces` (empty: any).
     pub(super) namespaces: Vec<String>,
     pub(super) limiter: Limiter,
@@ -271,7 +271,7 @@ impl ObjectWriter {
         let before = self.status.lock().owner_conflicts.clone();
         if before != now {
             for c in now {
-                tracing::warn!(other_lease = %c.lease, other_holder = %c.holder, objects = c.objects, lease = %self.lease, "Kubernetes output: another adapter writes objects with this adapter's labels (same registry, --source-name and shard) under its own Lease; its objects are left alone. Give one of them another --source-name.");
+                tracing::warn!(other_lease = %c.lease, other_holder = %c.holder, objects = c.objects, lease = %self.stamp.lease, "Kubernetes output: another adapter writes objects with this adapter's labels (same registry, --source-name and shard) under its own Lease; its objects are left alone. Give one of them another --source-name.");
             }
             if now.is_empty() {
                 tracing::info!(

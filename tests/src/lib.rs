@@ -16,6 +16,7 @@ pub mod flood;
 pub mod forwarder;
 pub mod istiod;
 pub mod kube;
+pub mod kube_output;
 pub mod load;
 pub mod mesh;
 pub mod netns;

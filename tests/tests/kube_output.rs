@@ -5,30 +5,19 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use e2e::istiod::apply_istio_crds;
 use e2e::kube::KubeApiServer;
+use e2e::kube_output::{endpoints, leads_in_step, output, write_entry};
 use e2e::mesh::{self, mesh_api_server, owned_service_entries, resource_versions};
 use e2e::registries::{Instance, Registries, Registry};
 use e2e::{mcpctl_get, ns_name, wait_for, Adapter};
 
 const PORT: u16 = 18080;
 const WAIT: Duration = Duration::from_secs(60);
-
-/// A ServiceEntry file for adapter-file: `ns/<name>`, one endpoint at `ip`.
-fn write_entry(dir: &Path, name: &str, ip: &str) {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, e2e::service_entry_yaml(name, ip)).expect("write");
-    std::fs::rename(&tmp, dir.join(format!("{name}.yaml"))).expect("rename");
-}
-
-fn endpoints(obj: &Value) -> Vec<String> {
-    e2e::endpoint_addresses(obj)
-}
 
 /// User plus system CPU seconds of process `pid` so far (`/proc/<pid>/stat`, 100 ticks/s).
 fn cpu_seconds(pid: u32) -> f64 {
@@ -40,16 +29,6 @@ fn cpu_seconds(pid: u32) -> f64 {
     let ticks: f64 =
         fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
     ticks / 100.0
-}
-
-/// The output's part of /debug/resources.
-fn output(a: &Adapter) -> Value {
-    a.debug()["kubeOutput"].clone()
-}
-
-fn leads_in_step(a: &Adapter) -> bool {
-    let o = output(a);
-    o["leader"] == true && o["inStep"] == true
 }
 
 /// Every object `source` owns has the spec MCP serves for that name, the MCP labels and the
