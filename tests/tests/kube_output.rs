@@ -458,6 +458,20 @@ fn an_api_server_outage_and_hand_edits_are_repaired_with_only_what_changed() {
     assert_eq!(a.get("/registryz").0, 200);
     let before = resource_versions(&owned_service_entries(&kube, "file"));
 
+    // The API server goes away and comes back with nothing changed: one failed list, then
+    // /registryz is 200 again without a write (the failure no longer stands once a list
+    // answers).
+    kube.kill();
+    a.wait_registryz(WAIT, "/registryz 503 while the API server is away", 503);
+    kube.restart();
+    a.wait_registryz(WAIT, "/registryz 200 again, nothing to write", 200);
+    assert_eq!(output(&a)["lastError"], Value::Null);
+    assert_eq!(a.kube_writes("apply") + a.kube_writes("delete"), 2.0);
+    assert_eq!(
+        resource_versions(&owned_service_entries(&kube, "file")),
+        before
+    );
+
     // The API server goes away; the registry changes meanwhile.
     kube.kill();
     write_entry(dir.path(), "b", "10.0.0.22");
