@@ -19,6 +19,8 @@
 //! (the runtime's flags build it), its state goes out through a [`SharedOutputStatus`].
 
 mod client;
+#[cfg(test)]
+mod fake_api;
 mod lease;
 mod limiter;
 mod list;

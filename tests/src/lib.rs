@@ -24,6 +24,7 @@ pub mod pki;
 pub mod podman;
 pub mod process;
 pub mod registries;
+pub mod stall_proxy;
 pub mod xds_sinks;
 pub mod zk_ensemble;
 pub mod zookeeper;
