@@ -4,9 +4,13 @@
 //! API server's optimistic concurrency: every write gets a new resourceVersion, a PUT carrying
 //! an old one is a 409, a POST of an existing name is a 409, a GET of a missing one is a 404.
 //!
+//! Server-side apply (`PATCH` of the whole object: stored as sent, keeping the uid, refused with a
+//! 409 when the body names another uid), deletes with a uid precondition, and lists of a
+//! namespace's objects are enough for the output's writer.
+//!
 //! Faults: [`FakeApi::stall`] makes every request from then on hang unanswered (as an API server
 //! or a network that stopped answering, with the connection still open) until
-//! [`FakeApi::resume`]. Every request is logged with when it arrived and how it ended, so a test
+//! [`FakeApi::resume`]; [`FakeApi::fail`] answers every write of one object with a status. Every request is logged with when it arrived and how it ended, so a test
 //! can show that a call was still pending at some instant.
 
 use std::collections::BTreeMap;
@@ -46,6 +50,8 @@ struct State {
     /// The last resourceVersion handed out (one counter for every resource, as etcd's).
     version: u64,
     log: Vec<Logged>,
+    /// Writes of these object names answered with this status.
+    failing: BTreeMap<String, u16>,
 }
 
 /// The fake API server; clones share it.
@@ -83,6 +89,23 @@ impl FakeApi {
     /// Answers again, the waiting requests too.
     pub fn resume(&self) {
         self.stalled.send_replace(false);
+    }
+
+    /// Every write (PATCH, PUT, DELETE) of an object named `name` is answered with `code`.
+    pub fn fail(&self, name: &str, code: u16) {
+        self.lock().failing.insert(name.to_string(), code);
+    }
+
+    /// The names of the objects of a collection (`/apis/.../namespaces/<ns>/<plural>`).
+    pub fn names(&self, collection: &str) -> Vec<String> {
+        let prefix = format!("{}/", collection.trim_end_matches('/'));
+        self.lock()
+            .objects
+            .keys()
+            .filter_map(|k| k.strip_prefix(&prefix))
+            .filter(|n| !n.contains('/'))
+            .map(str::to_string)
+            .collect()
     }
 
     /// Every request so far.
@@ -150,7 +173,57 @@ impl FakeApi {
             return failure(StatusCode::NOT_FOUND, "NotFound", path);
         };
         let mut s = self.lock();
+        if let Some(code) = target
+            .name
+            .filter(|_| method != Method::GET)
+            .and_then(|n| s.failing.get(n))
+        {
+            let code = StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return failure(code, "InternalError", "injected failure");
+        }
         match (method, target.name) {
+            (&Method::GET, None) => {
+                let prefix = format!("{}/", path.trim_end_matches('/'));
+                let items: Vec<Value> = s
+                    .objects
+                    .iter()
+                    .filter(|(k, _)| k.strip_prefix(&prefix).is_some_and(|n| !n.contains('/')))
+                    .map(|(_, o)| json!({"metadata": o["metadata"].clone()}))
+                    .collect();
+                (
+                    StatusCode::OK,
+                    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                           "metadata": {"resourceVersion": s.version.to_string()}, "items": items}),
+                )
+            }
+            (&Method::PATCH, Some(_)) => {
+                let Some(mut obj) = body else {
+                    return failure(StatusCode::BAD_REQUEST, "BadRequest", "no body");
+                };
+                let uid = match (s.objects.get(path), obj["metadata"]["uid"].as_str()) {
+                    (Some(current), Some(sent)) if current["metadata"]["uid"] != sent => {
+                        return failure(
+                            StatusCode::CONFLICT,
+                            "Conflict",
+                            "the UID in the object does not match the stored object's",
+                        );
+                    }
+                    (Some(current), _) => current["metadata"]["uid"].clone(),
+                    (None, _) => json!(format!("uid-{}", s.version + 1)),
+                };
+                let generation = s
+                    .objects
+                    .get(path)
+                    .and_then(|c| c["metadata"]["generation"].as_i64())
+                    .unwrap_or(0)
+                    + 1;
+                s.version += 1;
+                obj["metadata"]["uid"] = uid;
+                obj["metadata"]["generation"] = json!(generation);
+                obj["metadata"]["resourceVersion"] = json!(s.version.to_string());
+                s.objects.insert(path.to_string(), obj.clone());
+                (StatusCode::OK, obj)
+            }
             (&Method::GET, Some(_)) => match s.objects.get(path) {
                 Some(obj) => (StatusCode::OK, obj.clone()),
                 None => failure(StatusCode::NOT_FOUND, "NotFound", path),
@@ -191,13 +264,20 @@ impl FakeApi {
                 s.objects.insert(key, obj.clone());
                 (StatusCode::CREATED, obj)
             }
-            (&Method::DELETE, Some(_)) => match s.objects.remove(path) {
-                Some(_) => (
+            (&Method::DELETE, Some(_)) => {
+                let Some(current) = s.objects.get(path) else {
+                    return failure(StatusCode::NOT_FOUND, "NotFound", path);
+                };
+                let want = body.as_ref().map(|b| &b["preconditions"]["uid"]);
+                if want.is_some_and(|u| u.is_string() && *u != current["metadata"]["uid"]) {
+                    return failure(StatusCode::CONFLICT, "Conflict", "uid precondition failed");
+                }
+                s.objects.remove(path);
+                (
                     StatusCode::OK,
                     json!({"kind": "Status", "status": "Success"}),
-                ),
-                None => failure(StatusCode::NOT_FOUND, "NotFound", path),
-            },
+                )
+            }
             _ => failure(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", path),
         }
     }

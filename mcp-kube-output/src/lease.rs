@@ -210,7 +210,8 @@ fn publish(cfg: &LeaseConfig, leader: &watch::Sender<bool>, metrics: &OutputMetr
         tracing::info!(lease = %cfg.name, namespace = %cfg.namespace, identity = %cfg.identity, leader = leads, "Kubernetes output leadership changed.");
     }
     metrics.kube_leader.set(i64::from(leads));
-    leader.send_replace(leads);
+    // Only a change wakes the writer: every wake costs it a plan of the whole served set.
+    leader.send_if_modified(|l| std::mem::replace(l, leads) != leads);
 }
 
 /// Whether the Lease's holder is configured differently, as last reported (so that a lasting
@@ -431,6 +432,8 @@ mod tests {
         /// Every change of leadership, with when (seen by a task of its own, so the test can
         /// ask afterwards whether it ever led).
         changes: Arc<Mutex<Vec<(Instant, bool)>>>,
+        /// Every notification the writer would have woken for, changed or not.
+        wakes: Arc<std::sync::atomic::AtomicUsize>,
         leader: watch::Receiver<bool>,
         status: SharedOutputStatus,
         metrics: OutputMetrics,
@@ -446,9 +449,12 @@ mod tests {
         let (tx, leader) = watch::channel(false);
         let changes = Arc::new(Mutex::new(Vec::new()));
         let (mut rx, seen) = (leader.clone(), changes.clone());
+        let wakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let woken = wakes.clone();
         tokio::spawn(async move {
             let mut last = false;
             while rx.changed().await.is_ok() {
+                woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let now = *rx.borrow_and_update();
                 if now != last {
                     seen.lock().expect("changes").push((Instant::now(), now));
@@ -472,6 +478,7 @@ mod tests {
         ));
         Replica {
             changes,
+            wakes,
             leader,
             status,
             metrics,
@@ -531,6 +538,18 @@ mod tests {
             .map(|r| r.arrived)
             .max()
             .unwrap_or_else(|| panic!("no write by {holder}"))
+    }
+
+    /// A leader that keeps renewing wakes the writer once, when it starts to lead: not at every
+    /// renewal (each wake is a plan of the whole served set).
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_leader_wakes_the_writer_only_on_a_change() {
+        let api = FakeApi::new();
+        let mut a = replica(&api, "a", "f1");
+        a.until_leads(SLACK).await;
+        tokio::time::sleep(LEASE_DURATION * 2).await;
+        assert_eq!(a.wakes.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(a.led_at().len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

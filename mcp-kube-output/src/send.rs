@@ -41,7 +41,7 @@ impl ObjectWriter {
         let mut actions = actions.into_iter();
         let mut in_flight = FuturesUnordered::new();
         let mut result = Ok(());
-        let (mut answered, mut failed_5xx) = (0usize, None);
+        let (mut answered, mut failed_5xx, mut failures) = (0usize, None, 0usize);
         loop {
             let stop = result.is_err()
                 || !self.leads()
@@ -77,13 +77,17 @@ impl ObjectWriter {
             match self.record(ledger, backlog, action, outcome) {
                 Ok(true) => answered += 1,
                 Ok(false) => {}
-                Err(Refusal::Server(e)) => failed_5xx = Some(e),
+                Err(Refusal::Server(e)) => {
+                    failures += 1;
+                    failed_5xx = Some(e);
+                }
                 Err(Refusal::Round(e)) => result = Err(e),
             }
         }
-        // Every request of the round failed with a 5xx: the API server is unwell, not one object.
+        // Every request of the round failed with a 5xx, and more than one: the API server is
+        // unwell, not one object (one object failing alone is that object's, counted above).
         match (result, failed_5xx) {
-            (Ok(()), Some(e)) if answered == 0 => Err(e),
+            (Ok(()), Some(e)) if answered == 0 && failures > 1 => Err(e),
             (r, _) => r,
         }
     }

@@ -150,6 +150,10 @@ impl ObjectWriter {
             let (ready, next_retry) = backlog.order(plan.actions, Instant::now());
             if ready.is_empty() {
                 backoff.synced(Instant::now());
+                if pending == 0 {
+                    // In step: no failure to write stands.
+                    self.update_status(|o| o.last_error = None);
+                }
                 known.ledger = Some(ledger);
                 let until = next_retry.map_or(next_list, |r| r.min(next_list));
                 if let Wake::Shutdown = self.wait(None, Some(until)).await {
@@ -312,5 +316,139 @@ impl ObjectWriter {
 
     fn update_status(&self, f: impl FnOnce(&mut super::OutputStatus)) {
         f(&mut self.status.lock());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Method;
+    use tokio::task::JoinHandle;
+
+    use super::*;
+    use crate::fake_api::FakeApi;
+    use mcp_core::testing::mk_entry;
+
+    const SE: &str = "/apis/networking.istio.io/v1/namespaces/ns/serviceentries";
+
+    fn snapshot(entries: &[(&str, &str)]) -> Option<Arc<Snapshot>> {
+        Some(Arc::new(Snapshot::new(
+            entries.iter().map(|(n, v)| mk_entry(n, v)).collect(),
+        )))
+    }
+
+    /// The writer over a fake API server, leading, with a synced registry serving `entries`.
+    struct Writer {
+        status: SharedOutputStatus,
+        leader: Option<watch::Sender<bool>>,
+        served: watch::Sender<Option<Arc<Snapshot>>>,
+        _task: JoinHandle<()>,
+    }
+
+    fn writer(api: &FakeApi, entries: &[(&str, &str)]) -> Writer {
+        let registry = mcp_core::metrics::Metrics::new("test").expect("metrics");
+        let metrics = OutputMetrics::new(&registry).expect("output metrics");
+        let status = SharedOutputStatus::default();
+        let (served, snapshots) = watch::channel(snapshot(entries));
+        let (leader, leader_rx) = watch::channel(true);
+        let w = ObjectWriter {
+            client: api.client(),
+            owner: Owner::new("file", "file", None),
+            stamp: Stamp {
+                lease: "ns/mcp-adapter-file".into(),
+                config: "f".into(),
+            },
+            namespaces: vec!["ns".into()],
+            limiter: Limiter::new(1000.0, 100),
+            resync: Duration::from_secs(300),
+            snapshots: vec![snapshots],
+            shard_labels: vec![None],
+            status: status.clone(),
+            registry_synced: Arc::new(|| true),
+            metrics,
+            leader: leader_rx,
+            shutdown: CancellationToken::new(),
+        };
+        Writer {
+            status,
+            leader: Some(leader),
+            served,
+            _task: tokio::spawn(w.run()),
+        }
+    }
+
+    fn writes_of(api: &FakeApi, name: &str) -> usize {
+        let path = format!("{SE}/{name}");
+        api.log()
+            .iter()
+            .filter(|r| r.method == Method::PATCH && r.path == path)
+            .count()
+    }
+
+    /// The API server answers 500 for one object every time: it is tried three times and
+    /// rejected; the others are written at once, and the output ends in step with no error.
+    #[tokio::test(start_paused = true)]
+    async fn a_5xx_for_one_object_rejects_it_alone() {
+        let api = FakeApi::new();
+        api.fail("bad", 500);
+        let w = writer(&api, &[("ns/aaa", "1"), ("ns/bad", "1"), ("ns/ccc", "1")]);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(api.names(SE), ["aaa", "ccc"]);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(writes_of(&api, "bad"), 3);
+        let st = w.status.lock().clone();
+        assert!(st.rejected.contains_key("ns/bad"), "{st:?}");
+        assert!(st.in_step, "{st:?}");
+        assert_eq!(st.last_error, None, "{st:?}");
+        assert!(!st.failing(), "{st:?}");
+        // Nothing more is sent for it until it changes; then it is tried again.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(writes_of(&api, "bad"), 3);
+        w.served.send_replace(snapshot(&[
+            ("ns/aaa", "1"),
+            ("ns/bad", "2"),
+            ("ns/ccc", "1"),
+        ]));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(writes_of(&api, "bad"), 4);
+    }
+
+    /// The Lease task gone (its sender dropped) is not leading: nothing more is written.
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_leadership_channel_means_not_leading() {
+        let api = FakeApi::new();
+        let mut w = writer(&api, &[("ns/a", "1")]);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(api.names(SE), ["a"]);
+        drop(w.leader.take());
+        w.served
+            .send_replace(snapshot(&[("ns/a", "1"), ("ns/b", "1")]));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(api.names(SE), ["a"]);
+        assert!(!w.status.lock().leader);
+    }
+
+    /// Requests in flight when leadership is lost are dropped, not waited for.
+    #[tokio::test(start_paused = true)]
+    async fn losing_leadership_drops_requests_in_flight() {
+        let api = FakeApi::new();
+        let mut w = writer(&api, &[("ns/a", "1")]);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        api.stall();
+        w.served.send_replace(snapshot(&[("ns/a", "2")]));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let pending = |api: &FakeApi| {
+            api.log()
+                .into_iter()
+                .filter(|r| r.method == Method::PATCH && r.answered.is_none())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pending(&api).len(), 1, "the apply of a waits");
+        if let Some(l) = &w.leader {
+            l.send_replace(false);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let waiting = pending(&api);
+        assert!(waiting.iter().all(|r| r.abandoned.is_some()), "{waiting:?}");
+        drop(w.leader.take());
     }
 }

@@ -243,6 +243,13 @@ fn an_object_the_api_server_keeps_failing_is_rejected_alone() {
             && o["inStep"] == true)
             .then_some(())
     });
+    // Rejected objects are reported, not a failing output: in step, /registryz 200.
+    let (status, body) = a.get("/registryz");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("2 objects refused by the API server"),
+        "{body}"
+    );
     let o = output(&a);
     let bad = o["rejected"]["ns/bad"]["message"].as_str().unwrap_or("");
     assert!(bad.contains("refuse-bad"), "{o}");
