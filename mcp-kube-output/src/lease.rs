@@ -20,6 +20,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::client::status_code;
+// On the Lease too: the holder's fingerprint, for the replicas that look at it.
+use super::object::ANNOTATION_CONFIG;
 use crate::metrics::OutputMetrics;
 use crate::SharedOutputStatus;
 use mcp_core::clip::clip_error;
@@ -35,8 +37,6 @@ pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// shutdown, after leadership is given up): nothing depends on it but the next look, so a hung
 /// call only has to end before it delays that look for long.
 pub const FOLLOW_CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// The Lease's annotation with its holder's configuration fingerprint.
-pub const ANNOTATION_CONFIG: &str = "mcp-adapter/config";
 
 /// Which Lease, and who this replica is.
 #[derive(Clone, Debug)]

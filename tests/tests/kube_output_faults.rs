@@ -184,6 +184,58 @@ fn two_file_adapters_with_their_own_leases_never_delete_each_others_objects() {
 
 #[test]
 #[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
+fn two_file_adapters_sharing_one_lease_never_delete_each_others_objects() {
+    let kube = api_server(&[], &[]);
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    write_entry(dir_a.path(), "payments", "10.0.0.1");
+    write_entry(dir_a.path(), "orders", "10.0.0.2");
+    write_entry(dir_b.path(), "inventory", "10.0.1.1");
+    // Default --source-name and Lease namespace: one Lease, ns/mcp-adapter-file, for both.
+    let a = start(
+        dir_a.path(),
+        &kube.kubeconfig(),
+        &["--output-resync", "1s", "--output-identity", "adapter-a"],
+    );
+    wait_for(WAIT, "a writes its two objects", || {
+        (uids(&kube).len() == 2 && leads_in_step(&a)).then_some(())
+    });
+    let all = uids(&kube);
+    let b = start(
+        dir_b.path(),
+        &kube.kubeconfig(),
+        &["--output-resync", "1s", "--output-identity", "adapter-b"],
+    );
+    // b sees a holder configured differently: it does not write, and says why.
+    let body = b.wait_registryz(WAIT, "b refuses to write", 503);
+    assert!(
+        body.contains("not writing")
+            && body.contains("ns/mcp-adapter-file")
+            && body.contains("adapter-a"),
+        "{body}"
+    );
+    assert_eq!(
+        b.metric_with(
+            "mcp_adapter_kube_output_owner_conflicts",
+            "seen_in=\"lease\""
+        ),
+        1.0
+    );
+    assert!(output(&b)["leaseConflict"].is_string(), "{}", output(&b));
+    // Several of a's re-lists and b's Lease looks: nothing of a's is deleted, b writes nothing.
+    never_deleted(&kube, &all, Duration::from_secs(6));
+    assert_eq!(uids(&kube), all);
+    assert_eq!(b.kube_writes("apply") + b.kube_writes("delete"), 0.0);
+    assert_eq!(a.kube_writes("delete"), 0.0);
+    assert_eq!(b.metric("mcp_adapter_kube_output_leader"), 0.0);
+    // a, the holder, is not the one refused.
+    assert_eq!(a.get("/registryz").0, 200);
+}
+
+#[test]
+#[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
 fn an_object_the_api_server_keeps_failing_is_rejected_alone() {
     let kube = api_server(&[], &[]);
     // A webhook no one serves, for the name "bad" only: the API server answers every write of
