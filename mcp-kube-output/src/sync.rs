@@ -345,6 +345,10 @@ mod tests {
     }
 
     fn writer(api: &FakeApi, entries: &[(&str, &str)]) -> Writer {
+        writer_at(api, entries, 1000.0)
+    }
+
+    fn writer_at(api: &FakeApi, entries: &[(&str, &str)], qps: f64) -> Writer {
         let registry = mcp_core::metrics::Metrics::new("test").expect("metrics");
         let metrics = OutputMetrics::new(&registry).expect("output metrics");
         let status = SharedOutputStatus::default();
@@ -358,7 +362,7 @@ mod tests {
                 config: "f".into(),
             },
             namespaces: vec!["ns".into()],
-            limiter: Limiter::new(1000.0, 100),
+            limiter: Limiter::new(qps, 1),
             resync: Duration::from_secs(300),
             snapshots: vec![snapshots],
             shard_labels: vec![None],
@@ -450,5 +454,49 @@ mod tests {
         let waiting = pending(&api);
         assert!(waiting.iter().all(|r| r.abandoned.is_some()), "{waiting:?}");
         drop(w.leader.take());
+    }
+
+    /// Changes on the first ten names (more than go out at once) faster than `--output-qps` lets out: each new snapshot
+    /// stops the round, yet the last name and a delete are still written, oldest first.
+    #[tokio::test(start_paused = true)]
+    async fn churn_on_the_first_names_never_starves_the_last_or_a_delete() {
+        let api = FakeApi::new();
+        api.put_object(
+            &format!("{SE}/zz-gone"),
+            serde_json::json!({"metadata": {"name": "zz-gone", "namespace": "ns", "uid": "u-gone",
+                "labels": {"app.kubernetes.io/managed-by": "mcp-adapter",
+                           "mcp-adapter/registry": "file", "mcp-adapter/source": "file"}}}),
+        );
+        let names: Vec<String> = (0..30).map(|i| format!("ns/s{i:02}")).collect();
+        let set = |round: usize| {
+            let entries: Vec<(String, String)> = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    (
+                        n.clone(),
+                        if i < 10 {
+                            format!("r{round}")
+                        } else {
+                            "1".into()
+                        },
+                    )
+                })
+                .collect();
+            let refs: Vec<(&str, &str)> = entries
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            snapshot(&refs)
+        };
+        // 10 requests a second; a new snapshot every 100 ms.
+        let w = writer_at(&api, &[], 10.0);
+        for round in 0..200 {
+            w.served.send_replace(set(round));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let written = api.names(SE);
+        assert!(written.contains(&"s29".to_string()), "{written:?}");
+        assert!(!written.contains(&"zz-gone".to_string()), "{written:?}");
     }
 }
