@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 
 use super::client::status_code;
+use super::lease::LEASE_DURATION;
 use super::object::{
     self, Claim, ANNOTATION_CONFIG, ANNOTATION_VERSION, FIELD_MANAGER, LABEL_SHARD,
 };
@@ -206,9 +207,10 @@ impl ObjectWriter {
             Ok(Some(l)) => {
                 let spec = l.spec.unwrap_or_default();
                 let holder = spec.holder_identity.unwrap_or_default();
-                let held_for =
-                    Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64)
-                        + LEASE_GRACE;
+                let held_for = Duration::from_secs(
+                    spec.lease_duration_seconds
+                        .map_or(LEASE_DURATION.as_secs(), |s| s.max(1) as u64),
+                ) + LEASE_GRACE;
                 let renewed = spec.renew_time.map(|t| t.0);
                 let fresh = renewed.is_some_and(|r| {
                     let age = Timestamp::now().duration_since(r);

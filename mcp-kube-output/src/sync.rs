@@ -146,7 +146,7 @@ impl ObjectWriter {
                 self.allowed(ns) && !known.unreadable.contains_key(ns)
             });
             let pending = plan.actions.len();
-            self.report(&ledger, &plan, &known, pending);
+            self.report(&ledger, &plan, &known);
             let (ready, next_retry) = backlog.order(plan.actions, Instant::now());
             if ready.is_empty() {
                 backoff.synced(Instant::now());
@@ -290,7 +290,8 @@ impl ObjectWriter {
         self.update_status(|o| o.owner_conflicts = now.to_vec());
     }
 
-    fn report(&self, ledger: &Ledger, plan: &Plan, known: &Known, pending: usize) {
+    fn report(&self, ledger: &Ledger, plan: &Plan, known: &Known) {
+        let pending = plan.actions.len();
         self.metrics.kube_pending.set(pending as i64);
         self.metrics.kube_objects.set(ledger.written.len() as i64);
         self.metrics.kube_conflicts.set(plan.conflicts.len() as i64);

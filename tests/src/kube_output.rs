@@ -15,6 +15,26 @@ pub fn write_entry(dir: &Path, name: &str, ip: &str) {
     std::fs::rename(&tmp, dir.join(format!("{name}.yaml"))).expect("rename");
 }
 
+/// adapter-file over `dir` (polled every 100 ms) with `--output <output>` writing into
+/// namespace `ns` of the cluster `kubeconfig` names, with `extra` flags.
+pub fn start_file_adapter(dir: &Path, kubeconfig: &Path, output: &str, extra: &[&str]) -> Adapter {
+    let (path, kubeconfig) = (dir.display().to_string(), kubeconfig.display().to_string());
+    let mut args = vec![
+        "--path",
+        &path,
+        "--poll-interval",
+        "100ms",
+        "--output",
+        output,
+        "--output-kubeconfig",
+        &kubeconfig,
+        "--output-namespaces",
+        "ns",
+    ];
+    args.extend_from_slice(extra);
+    Adapter::start("adapter-file", &args)
+}
+
 /// The output's part of /debug/resources.
 pub fn output(a: &Adapter) -> Value {
     a.debug()["kubeOutput"].clone()

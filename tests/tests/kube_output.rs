@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use e2e::istiod::apply_istio_crds;
 use e2e::kube::KubeApiServer;
-use e2e::kube_output::{endpoints, leads_in_step, output, write_entry};
+use e2e::kube_output::{endpoints, leads_in_step, output, start_file_adapter, write_entry};
 use e2e::mesh::{self, mesh_api_server, owned_service_entries, resource_versions};
 use e2e::registries::{Instance, Registries, Registry};
 use e2e::{mcpctl_get, ns_name, wait_for, Adapter};
@@ -108,32 +108,15 @@ fn file_output_writes_changes_only_leaves_a_users_object_alone_and_one_replica_w
     ] {
         write_entry(dir.path(), name, ip);
     }
-    let path = dir.path().display().to_string();
-    let kubeconfig = kube.kubeconfig().display().to_string();
-    let args = |identity: &'static str| -> Vec<String> {
-        [
-            "--path",
-            &path,
-            "--poll-interval",
-            "100ms",
-            "--output",
+    let start = |identity: &str| {
+        start_file_adapter(
+            dir.path(),
+            &kube.kubeconfig(),
             "both",
-            "--output-kubeconfig",
-            &kubeconfig,
-            "--output-namespaces",
-            "ns",
-            "--output-identity",
-            identity,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+            &["--output-identity", identity],
+        )
     };
-    let args_a = args("replica-a");
-    let a = Adapter::start(
-        "adapter-file",
-        &args_a.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let a = start("replica-a");
     a.wait_ready();
     wait_for(WAIT, "replica a writes orders and pay", || {
         let objects = owned_service_entries(&kube, "file");
@@ -164,11 +147,7 @@ fn file_output_writes_changes_only_leaves_a_users_object_alone_and_one_replica_w
     assert_eq!(a.metric("mcp_adapter_kube_output_pending"), 0.0);
 
     // A second replica follows and writes nothing.
-    let args_b = args("replica-b");
-    let mut b = Adapter::start(
-        "adapter-file",
-        &args_b.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let mut b = start("replica-b");
     b.wait_ready();
     let mut a = a;
     b.wait_admin(WAIT, "replica b follows", "/readyz", |_, body| {
@@ -431,25 +410,12 @@ fn an_api_server_outage_and_hand_edits_are_repaired_with_only_what_changed() {
     for (name, ip) in [("a", "10.0.0.1"), ("b", "10.0.0.2")] {
         write_entry(dir.path(), name, ip);
     }
-    let path = dir.path().display().to_string();
-    let kubeconfig = kube.kubeconfig().display().to_string();
     // `--output kube`: no MCP port at all.
-    let a = Adapter::start(
-        "adapter-file",
-        &[
-            "--path",
-            &path,
-            "--poll-interval",
-            "100ms",
-            "--output",
-            "kube",
-            "--output-kubeconfig",
-            &kubeconfig,
-            "--output-namespaces",
-            "ns",
-            "--output-resync",
-            "1s",
-        ],
+    let a = start_file_adapter(
+        dir.path(),
+        &kube.kubeconfig(),
+        "kube",
+        &["--output-resync", "1s"],
     );
     a.wait_ready();
     wait_for(WAIT, "a and b written", || {

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use e2e::istiod::apply_istio_crds;
 use e2e::kube::{KubeApiServer, TokenUser};
-use e2e::kube_output::{endpoints, leads_in_step, output, write_entry};
+use e2e::kube_output::{endpoints, leads_in_step, output, start_file_adapter, write_entry};
 use e2e::mesh::{self, owned_service_entries};
 use e2e::{wait_for, Adapter};
 
@@ -30,23 +30,23 @@ fn api_server(users: &[TokenUser], namespaces: &[&str]) -> KubeApiServer {
     kube
 }
 
-/// adapter-file over `dir` writing into `ns` through `kubeconfig`, with `extra` flags.
+/// adapter-file over `dir` with `--output kube` into `ns` through `kubeconfig`, with `extra`.
 fn start(dir: &Path, kubeconfig: &Path, extra: &[&str]) -> Adapter {
-    let (path, kubeconfig) = (dir.display().to_string(), kubeconfig.display().to_string());
-    let mut args = vec![
-        "--path",
-        &path,
-        "--poll-interval",
-        "100ms",
-        "--output",
-        "kube",
-        "--output-kubeconfig",
-        &kubeconfig,
-        "--output-namespaces",
-        "ns",
-    ];
-    args.extend_from_slice(extra);
-    Adapter::start("adapter-file", &args)
+    start_file_adapter(dir, kubeconfig, "kube", extra)
+}
+
+/// Two directories of two teams' entries: a's payments and orders, and `b`'s.
+fn team_directories(b: &[(&str, &str)]) -> (tempfile::TempDir, tempfile::TempDir) {
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    write_entry(dir_a.path(), "payments", "10.0.0.1");
+    write_entry(dir_a.path(), "orders", "10.0.0.2");
+    for (name, ip) in b {
+        write_entry(dir_b.path(), name, ip);
+    }
+    (dir_a, dir_b)
 }
 
 /// uid of every object the file adapters own, by name.
@@ -82,14 +82,7 @@ fn names(list: &Value) -> Vec<String> {
 #[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
 fn two_file_adapters_with_their_own_leases_never_delete_each_others_objects() {
     let kube = api_server(&[], &["lease-a", "lease-b"]);
-    let (dir_a, dir_b) = (
-        tempfile::tempdir().expect("a"),
-        tempfile::tempdir().expect("b"),
-    );
-    write_entry(dir_a.path(), "payments", "10.0.0.1");
-    write_entry(dir_a.path(), "orders", "10.0.0.2");
-    write_entry(dir_b.path(), "inventory", "10.0.1.1");
-    write_entry(dir_b.path(), "shipping", "10.0.1.2");
+    let (dir_a, dir_b) = team_directories(&[("inventory", "10.0.1.1"), ("shipping", "10.0.1.2")]);
     // Default --source-name (both are "file"), a Lease each, a re-list every second.
     let common = ["--output-resync", "1s"];
     let with = |lease_ns: &'static str, id: &'static str| -> Vec<&'static str> {
@@ -188,13 +181,7 @@ fn two_file_adapters_with_their_own_leases_never_delete_each_others_objects() {
 #[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
 fn two_file_adapters_sharing_one_lease_never_delete_each_others_objects() {
     let kube = api_server(&[], &[]);
-    let (dir_a, dir_b) = (
-        tempfile::tempdir().expect("a"),
-        tempfile::tempdir().expect("b"),
-    );
-    write_entry(dir_a.path(), "payments", "10.0.0.1");
-    write_entry(dir_a.path(), "orders", "10.0.0.2");
-    write_entry(dir_b.path(), "inventory", "10.0.1.1");
+    let (dir_a, dir_b) = team_directories(&[("inventory", "10.0.1.1")]);
     // Default --source-name and Lease namespace: one Lease, ns/mcp-adapter-file, for both.
     let a = start(
         dir_a.path(),

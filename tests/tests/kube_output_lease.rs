@@ -11,37 +11,21 @@ use serde_json::{json, Value};
 
 use e2e::istiod::apply_istio_crds;
 use e2e::kube::{KubeApiServer, TokenUser};
+use e2e::kube_output::{endpoints, leads_in_step, output, start_file_adapter, write_entry};
 use e2e::mesh::owned_service_entries;
 use e2e::stall_proxy::StallProxy;
-use e2e::{wait_for, Adapter};
+use e2e::wait_for;
 
 const WAIT: Duration = Duration::from_secs(60);
 /// The output's renew deadline (`lease::RENEW_DEADLINE`): a leader that could not renew for
 /// this long must have stopped writing.
 const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
-/// A ServiceEntry file for adapter-file: `ns/<name>`, one endpoint at `ip`.
-fn write_entry(dir: &Path, name: &str, ip: &str) {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, e2e::service_entry_yaml(name, ip)).expect("write");
-    std::fs::rename(&tmp, dir.join(format!("{name}.yaml"))).expect("rename");
-}
-
-/// The output's part of /debug/resources.
-fn output(a: &Adapter) -> Value {
-    a.debug()["kubeOutput"].clone()
-}
-
-fn leads_in_step(a: &Adapter) -> bool {
-    let o = output(a);
-    o["leader"] == true && o["inStep"] == true
-}
-
 /// The object `ns/name` of source `file` has the one endpoint `ip`.
 fn holds(kube: &KubeApiServer, name: &str, ip: &str) -> bool {
     owned_service_entries(kube, "file")
         .get(&format!("ns/{name}"))
-        .is_some_and(|o| e2e::endpoint_addresses(o) == [ip])
+        .is_some_and(|o| endpoints(o) == [ip])
 }
 
 /// A write of a ServiceEntry as the API server's audit log recorded it.
@@ -148,26 +132,13 @@ fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_entry(dir.path(), "orders", "10.0.0.2");
     write_entry(dir.path(), "pay", "10.0.0.3");
-    let path = dir.path().display().to_string();
     // The same flags but the identity and the kubeconfig: one adapter, two replicas.
     let start = |identity: &str, kubeconfig: &Path| {
-        let kubeconfig = kubeconfig.display().to_string();
-        Adapter::start(
-            "adapter-file",
-            &[
-                "--path",
-                &path,
-                "--poll-interval",
-                "100ms",
-                "--output",
-                "both",
-                "--output-kubeconfig",
-                &kubeconfig,
-                "--output-namespaces",
-                "ns",
-                "--output-identity",
-                identity,
-            ],
+        start_file_adapter(
+            dir.path(),
+            kubeconfig,
+            "both",
+            &["--output-identity", identity],
         )
     };
     let a = start("replica-a", &kubeconfig_a);
