@@ -4,6 +4,7 @@
 //! without `X-Consul-Index`, or fail for one service only.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +45,9 @@ pub struct Reply {
     pub index: Option<String>,
     /// JSON body.
     pub body: String,
+    /// When set, the answer is sent only once this is true (looked at every 5 ms, for at
+    /// most 5 s): a slow answer that holds no thread of the runtime.
+    pub after: Option<Arc<AtomicBool>>,
 }
 
 impl Reply {
@@ -53,6 +57,15 @@ impl Reply {
             status: 200,
             index: Some(index.to_string()),
             body: body.to_string(),
+            after: None,
+        }
+    }
+
+    /// The same answer, sent once `flag` is set.
+    pub fn after(self, flag: Arc<AtomicBool>) -> Self {
+        Self {
+            after: Some(flag),
+            ..self
         }
     }
 }
@@ -113,6 +126,12 @@ impl FakeConsul {
                     {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                         reply = handler(&req);
+                    }
+                    if let Some(flag) = reply.after.clone() {
+                        let end = tokio::time::Instant::now() + Duration::from_secs(5);
+                        while !flag.load(Ordering::SeqCst) && tokio::time::Instant::now() < end {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
                     }
                     let mut resp = format!(
                         "HTTP/1.1 {} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",

@@ -220,8 +220,18 @@ impl Inner {
             for signal in pending {
                 match signal {
                     Signal::Failed(e) => return Err(e),
-                    Signal::Service { name, answer } => {
+                    Signal::Service {
+                        name,
+                        generation,
+                        answer,
+                    } => {
+                        // Still what Consul said at that index: it explains the catalog's
+                        // wake-up even when it is not applied.
                         unexplained.answered(answer.index);
+                        if !own.current(&name, generation) {
+                            tracing::debug!(service = %name, index = answer.index, "Dropped an answer of a Consul service's own query given up since.");
+                            continue;
+                        }
                         if let Some(k) = known.get_mut(&name) {
                             if answer.index != k.index {
                                 self.apply(&tx, &name, k, answer)
@@ -230,7 +240,14 @@ impl Inner {
                             }
                         }
                     }
-                    Signal::ServiceFailed { name, error } => {
+                    Signal::ServiceFailed {
+                        name,
+                        generation,
+                        error,
+                    } => {
+                        if !own.current(&name, generation) {
+                            continue;
+                        }
                         own.stop(&name);
                         if let Some(k) = known.get_mut(&name) {
                             self.failed(&tx, &name, k, &error)
@@ -238,7 +255,14 @@ impl Inner {
                                 .map_err(|_| ended())?;
                         }
                     }
-                    Signal::ServiceLost { name: n, error } => {
+                    Signal::ServiceLost {
+                        name: n,
+                        generation,
+                        error,
+                    } => {
+                        if !own.current(&n, generation) {
+                            continue;
+                        }
                         tracing::debug!(service = %n, %error, "A Consul service's own query was cut.");
                         own.stop(&n);
                         if matches!(error, ConsulError::Refused { .. }) {
@@ -534,6 +558,7 @@ mod tests {
                 status: 200,
                 index: None,
                 body,
+                after: None,
             }
         })
         .await;
@@ -650,6 +675,7 @@ mod tests {
                 status: 500,
                 index: None,
                 body: "rpc error: boom".into(),
+                after: None,
             },
             "/v1/health/service/bad" => Reply::ok(11, &one_instance("bad", "10.0.0.2")),
             _ => Reply::ok(10, "[]"),
@@ -798,6 +824,7 @@ mod tests {
                     status: 429,
                     index: None,
                     body: "Your IP is issuing too many concurrent connections".into(),
+                    after: None,
                 },
                 p if p.starts_with("/v1/health/service/") => {
                     let name = &p["/v1/health/service/".len()..];
@@ -978,6 +1005,7 @@ mod tests {
             status: 502,
             index: None,
             body: page.clone(),
+            after: None,
         })
         .await;
         let client = ConsulClient::new(&config(&fake, &[]), None).expect("client");
@@ -1016,5 +1044,116 @@ mod tests {
             [Some("first-token".into()), Some("the-second-token".into())]
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// #33 item 9: an own query's answer that was queued when its query was given up is not
+    /// applied over the newer read made when giving it up (nor over the answers of the query
+    /// opened again afterwards). With room for one own query: `w` holds it; `h` changes and is
+    /// swept; while `h` is fetched, `w` changes to 11 and its own query answers (the answer
+    /// waits in the loop's queue: the fake holds `h`'s fetch until `w`'s next query, sent after
+    /// queueing, arrives); `h` then takes the own query, `w`'s is given up and `w` looked at,
+    /// by then at 12. The next event must be `h`'s next change, never `w` back at 11.
+    #[tokio::test]
+    async fn an_answer_queued_before_its_query_was_given_up_is_dropped() {
+        use std::collections::HashMap as Map;
+        let state: Arc<Mutex<Map<String, u64>>> = Arc::new(Mutex::new(
+            [("catalog", 10), ("a", 10), ("b", 10)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        ));
+        // The watched service and the other one, once known.
+        let roles: Arc<Mutex<Option<(String, String)>>> = Arc::default();
+        // Set by the handler when `w`'s own query asks from 11: its answer at 11 is queued.
+        let queued = Arc::new(AtomicBool::new(false));
+        let (s, q, ro) = (Arc::clone(&state), Arc::clone(&queued), Arc::clone(&roles));
+        let fake = FakeConsul::start(move |r| {
+            let watch = r.param("index");
+            let look = r.param("filter").is_some();
+            let path = r.path().to_string();
+            let mut held = false;
+            let known_roles = ro.lock().expect("lock").clone();
+            if let Some((w, h)) = known_roles {
+                let (w_path, h_path) = (
+                    format!("/v1/health/service/{w}"),
+                    format!("/v1/health/service/{h}"),
+                );
+                if path == w_path && watch.as_deref() == Some("11") {
+                    q.store(true, Ordering::SeqCst);
+                }
+                if path == h_path && watch.is_none() && !look && s.lock().expect("lock")[&w] == 10 {
+                    // `h`'s fetch in the sweep: `w` changes now and its own query answers;
+                    // this fetch is answered once that answer is queued.
+                    s.lock().expect("lock").insert(w.clone(), 11);
+                    held = true;
+                }
+                if path == w_path && look && s.lock().expect("lock")[&w] == 11 {
+                    // Looked at when its query is given up: it has moved on again.
+                    s.lock().expect("lock").insert(w.clone(), 12);
+                }
+            }
+            let now = s.lock().expect("lock").clone();
+            match path.as_str() {
+                "/v1/catalog/services" => Reply::ok(now["catalog"], r#"{"a":[],"b":[]}"#),
+                p if p.starts_with("/v1/health/service/") => {
+                    let name = &p["/v1/health/service/".len()..];
+                    let ip = format!("10.0.0.{}", now[name]);
+                    let reply = Reply::ok(now[name], &one_instance(name, &ip));
+                    if held {
+                        reply.after(Arc::clone(&q))
+                    } else {
+                        reply
+                    }
+                }
+                _ => Reply::ok(10, "[]"),
+            }
+        })
+        .await;
+        let cfg = config(&fake, &["--consul-service-watches", "1"]);
+        let registry = ConsulRegistry::with_token(&cfg, None).expect("registry");
+        let mut events = registry.watch();
+        assert!(matches!(next(&mut events).await, RegistryEvent::Reset(s) if s.len() == 2));
+        wait_until("one own query", || {
+            fake.own_queries("a") + fake.own_queries("b") == 1
+        })
+        .await;
+        let (w, h) = if fake.own_queries("a") == 1 {
+            ("a", "b")
+        } else {
+            ("b", "a")
+        };
+        *roles.lock().expect("lock") = Some((w.to_string(), h.to_string()));
+        let change = |n: &str, to: u64| {
+            let mut m = state.lock().expect("lock");
+            m.insert(n.to_string(), to);
+            m.insert("catalog".into(), to);
+        };
+        change(h, 11);
+        let mut seen = Vec::new();
+        let last = (h.to_string(), "10.0.0.13".to_string());
+        while seen.last() != Some(&last) {
+            match next(&mut events).await {
+                RegistryEvent::Upsert(s) => {
+                    let at = (s.key.name.clone(), s.endpoints[0].address.clone());
+                    if at == (w.to_string(), "10.0.0.12".to_string()) {
+                        assert!(
+                            queued.load(Ordering::SeqCst),
+                            "{w}'s answer at 11 was queued; requests: {:?}",
+                            fake.requests()
+                        );
+                        // `h` changes once more: the next event must be that change.
+                        change(h, 13);
+                    }
+                    seen.push(at);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            seen,
+            [(h, "10.0.0.11"), (w, "10.0.0.12"), (h, "10.0.0.13")]
+                .map(|(n, a)| (n.to_string(), a.to_string())),
+            "{w}'s answer at 11, queued before its query was given up, is never served"
+        );
     }
 }

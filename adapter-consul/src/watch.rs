@@ -99,6 +99,8 @@ pub enum Signal {
     Service {
         /// The service.
         name: String,
+        /// Which of the service's own queries answered ([`run_service`]'s `generation`).
+        generation: u64,
         /// Its instances now.
         answer: Indexed<Vec<HealthEntry>>,
     },
@@ -107,6 +109,8 @@ pub enum Signal {
     ServiceFailed {
         /// The service.
         name: String,
+        /// Which of the service's own queries failed.
+        generation: u64,
         /// Why.
         error: ConsulError,
     },
@@ -116,6 +120,8 @@ pub enum Signal {
     ServiceLost {
         /// The service.
         name: String,
+        /// Which of the service's own queries lost its connection.
+        generation: u64,
         /// Why.
         error: ConsulError,
     },
@@ -203,10 +209,13 @@ pub async fn run(client: ConsulClient, kind: Kind, mut index: u64, tx: mpsc::Sen
 
 /// One service's own blocking query, from `index` (its last fetch): reports each change of
 /// its instances until `tx` closes or a query fails, which ends this loop: a refused or lost
-/// connection as [`Signal::ServiceLost`], anything else as [`Signal::ServiceFailed`].
+/// connection as [`Signal::ServiceLost`], anything else as [`Signal::ServiceFailed`]. Every
+/// signal carries `generation`, which tells this loop's answers from those of a loop for the
+/// same service that was stopped after it queued one.
 pub async fn run_service(
     client: ConsulClient,
     name: String,
+    generation: u64,
     mut index: u64,
     tx: mpsc::Sender<Signal>,
 ) {
@@ -216,11 +225,23 @@ pub async fn run_service(
         let answer = match client.health_watch(&name, index).await {
             Ok(a) => a,
             Err(error @ (ConsulError::Refused { .. } | ConsulError::Unreachable { .. })) => {
-                let _ = tx.send(Signal::ServiceLost { name, error }).await;
+                let _ = tx
+                    .send(Signal::ServiceLost {
+                        name,
+                        generation,
+                        error,
+                    })
+                    .await;
                 return;
             }
             Err(error) => {
-                let _ = tx.send(Signal::ServiceFailed { name, error }).await;
+                let _ = tx
+                    .send(Signal::ServiceFailed {
+                        name,
+                        generation,
+                        error,
+                    })
+                    .await;
                 return;
             }
         };
@@ -230,6 +251,7 @@ pub async fn run_service(
             && tx
                 .send(Signal::Service {
                     name: name.clone(),
+                    generation,
                     answer,
                 })
                 .await

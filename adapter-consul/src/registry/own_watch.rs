@@ -16,6 +16,14 @@ use super::service::ServiceState;
 use crate::client::ConsulClient;
 use crate::watch::{run_service, Signal};
 
+/// One open own query: its loop, and the number that tells its signals from those of a loop
+/// stopped before it (whose last answer may still wait in the queue).
+#[derive(Debug)]
+struct Open {
+    generation: u64,
+    handle: AbortHandle,
+}
+
 /// The open per-service watches of one registry watch; dropping it stops them all.
 #[derive(Debug)]
 pub(super) struct OwnWatches {
@@ -25,7 +33,9 @@ pub(super) struct OwnWatches {
     /// `--consul-concurrency`.
     others: usize,
     /// Service name -> its loop.
-    open: HashMap<String, AbortHandle>,
+    open: HashMap<String, Open>,
+    /// The generation of the next loop started.
+    next_generation: u64,
     client: ConsulClient,
     tx: mpsc::Sender<Signal>,
 }
@@ -41,6 +51,7 @@ impl OwnWatches {
             budget,
             others,
             open: HashMap::new(),
+            next_generation: 0,
             client,
             tx,
         }
@@ -49,6 +60,17 @@ impl OwnWatches {
     /// `name` holds its own query.
     pub(super) fn contains(&self, name: &str) -> bool {
         self.open.contains_key(name)
+    }
+
+    /// A signal from `name`'s loop of `generation` is from the loop open now. A loop stopped
+    /// (given up, refused, failed or pruned) may have queued an answer before it stopped;
+    /// whatever stopped it reads the service itself, so that answer is older than what is
+    /// served, or about to be, and must not be applied; nor may a failure of the old loop stop
+    /// the new one.
+    pub(super) fn current(&self, name: &str, generation: u64) -> bool {
+        self.open
+            .get(name)
+            .is_some_and(|o| o.generation == generation)
     }
 
     /// Every service in `known` holds its own query: nothing needs a sweep. (Stops the loops
@@ -61,10 +83,10 @@ impl OwnWatches {
     /// Stops the loops of services no longer known.
     fn prune(&mut self, known: &HashMap<String, ServiceState>) {
         let before = self.open.len();
-        self.open.retain(|name, h| {
+        self.open.retain(|name, o| {
             let keep = known.contains_key(name);
             if !keep {
-                h.abort();
+                o.handle.abort();
             }
             keep
         });
@@ -75,8 +97,8 @@ impl OwnWatches {
 
     /// Stops the loop of `name` (it failed, or is gone).
     pub(super) fn stop(&mut self, name: &str) {
-        if let Some(h) = self.open.remove(name) {
-            h.abort();
+        if let Some(o) = self.open.remove(name) {
+            o.handle.abort();
         }
         self.client.stats().service_watches(self.open.len());
     }
@@ -168,13 +190,17 @@ impl OwnWatches {
                 .map(|(n, k)| (n.clone(), k.index))
                 .collect();
             for (name, index) in start {
+                self.next_generation += 1;
+                let generation = self.next_generation;
                 let task = tokio::spawn(run_service(
                     self.client.clone(),
                     name.clone(),
+                    generation,
                     index,
                     self.tx.clone(),
                 ));
-                self.open.insert(name, task.abort_handle());
+                let handle = task.abort_handle();
+                self.open.insert(name, Open { generation, handle });
             }
         }
         if self.open.len() != before {
@@ -191,8 +217,8 @@ fn ready(k: &ServiceState, now: tokio::time::Instant) -> bool {
 
 impl Drop for OwnWatches {
     fn drop(&mut self) {
-        for h in self.open.values() {
-            h.abort();
+        for o in self.open.values() {
+            o.handle.abort();
         }
         self.client.stats().service_watches(0);
     }
