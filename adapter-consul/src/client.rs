@@ -37,6 +37,19 @@ pub enum ConsulError {
         /// What failed.
         message: String,
     },
+    /// A blocking query's connection was lost after it was sent and before its answer, not by
+    /// its own timeout: something between (a proxy's or load balancer's idle timeout) or the
+    /// agent shutting down closed it. Asked again from the same index, this loses nothing
+    /// ([`crate::watch`]).
+    #[error(
+        "consul at {addr}: a blocking query's connection was closed while it waited: {message}"
+    )]
+    Cut {
+        /// Base address.
+        addr: String,
+        /// What was seen.
+        message: String,
+    },
     /// Consul's agent refused a connection: more than its `limits.http_max_conns_per_client`
     /// from this address. It answers such a connection with HTTP 429 and closes it, often
     /// before the request is sent, so the client sees a response it did not ask for. Consul
@@ -364,12 +377,18 @@ impl ConsulClient {
                     .map_err(|_| ConsulError::Config("client closed".into()))?,
             ),
         };
+        let blocking = query.iter().any(|(k, _)| *k == "index");
         let resp = req.send().await.map_err(|e| {
             let message = error_chain(&e);
             // hyper's words for bytes that arrived on a connection with no request on it:
             // the agent's 429 for a connection over its limit.
             if message.contains("unexpected message") {
                 ConsulError::Refused {
+                    addr: c.base.clone(),
+                    message,
+                }
+            } else if blocking && !e.is_connect() && !e.is_timeout() {
+                ConsulError::Cut {
                     addr: c.base.clone(),
                     message,
                 }

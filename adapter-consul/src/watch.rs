@@ -25,6 +25,36 @@ const REFILL: Duration = Duration::from_millis(50);
 /// Wait before a change watch asks again for a connection Consul refused.
 const REFUSED_RETRY: Duration = Duration::from_secs(1);
 
+/// A blocking query cut after it was held at least this long had a working connection: a proxy
+/// or load balancer in front of Consul closing connections idle for a while cuts every query
+/// of a quiet Consul, again and again, and each is asked again from the same index.
+const HELD: Duration = Duration::from_secs(1);
+
+/// Whether a blocking query whose connection was cut ([`ConsulError::Cut`]) is asked again
+/// from the same index (which loses nothing: Consul answers at once if the index moved
+/// meanwhile) instead of failing: once after a quick cut, always after one held for [`HELD`].
+/// Two quick cuts in a row are something wrong with Consul or the way to it.
+#[derive(Debug, Default)]
+struct Cuts {
+    /// The last query was cut quickly.
+    quick: bool,
+}
+
+impl Cuts {
+    /// A query sent at `sent` was cut: ask again?
+    fn again(&mut self, sent: tokio::time::Instant) -> bool {
+        let quick = sent.elapsed() < HELD;
+        let again = !(quick && self.quick);
+        self.quick = quick;
+        again
+    }
+
+    /// A query answered.
+    fn answered(&mut self) {
+        self.quick = false;
+    }
+}
+
 /// Token bucket for one loop.
 #[derive(Debug)]
 pub struct RateLimit {
@@ -153,8 +183,10 @@ impl Kind {
 /// Follows one index from `index` and reports each change until `tx` closes or a query fails.
 pub async fn run(client: ConsulClient, kind: Kind, mut index: u64, tx: mpsc::Sender<Signal>) {
     let mut limit = RateLimit::default();
+    let mut cuts = Cuts::default();
     loop {
         limit.acquire().await;
+        let sent = tokio::time::Instant::now();
         let answer = match kind {
             Kind::Catalog => client
                 .services(Some(index))
@@ -186,11 +218,18 @@ pub async fn run(client: ConsulClient, kind: Kind, mut index: u64, tx: mpsc::Sen
                 tokio::time::sleep(REFUSED_RETRY).await;
                 continue;
             }
+            Err(e @ ConsulError::Cut { .. }) if cuts.again(sent) => {
+                // Not Consul failing (that would end the watch, and the registry would list
+                // every service again): its connection was cut while it waited.
+                tracing::debug!(watch = kind.name(), index, error = %e, "A Consul change watch's connection was cut; asking again from the same index.");
+                continue;
+            }
             Err(e) => {
                 let _ = tx.send(Signal::Failed(e)).await;
                 return;
             }
         };
+        cuts.answered();
         tracing::debug!(
             watch = kind.name(),
             index = returned,
@@ -220,11 +259,24 @@ pub async fn run_service(
     tx: mpsc::Sender<Signal>,
 ) {
     let mut limit = RateLimit::default();
+    let mut cuts = Cuts::default();
     loop {
         limit.acquire().await;
+        let sent = tokio::time::Instant::now();
         let answer = match client.health_watch(&name, index).await {
-            Ok(a) => a,
-            Err(error @ (ConsulError::Refused { .. } | ConsulError::Unreachable { .. })) => {
+            Ok(a) => {
+                cuts.answered();
+                a
+            }
+            Err(e @ ConsulError::Cut { .. }) if cuts.again(sent) => {
+                tracing::debug!(service = %name, index, error = %e, "A Consul service's own query's connection was cut; asking again from the same index.");
+                continue;
+            }
+            Err(
+                error @ (ConsulError::Refused { .. }
+                | ConsulError::Unreachable { .. }
+                | ConsulError::Cut { .. }),
+            ) => {
                 let _ = tx
                     .send(Signal::ServiceLost {
                         name,
@@ -282,6 +334,31 @@ mod tests {
         let t1 = tokio::time::Instant::now();
         l.acquire().await;
         assert_eq!(t1.elapsed(), Duration::ZERO, "refilled after a quiet spell");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_query_is_asked_again_unless_cut_quickly_twice_in_a_row() {
+        let mut cuts = Cuts::default();
+        let sent = tokio::time::Instant::now();
+        tokio::time::advance(HELD).await;
+        assert!(cuts.again(sent), "held, then cut: asked again");
+        let sent = tokio::time::Instant::now();
+        tokio::time::advance(HELD).await;
+        assert!(
+            cuts.again(sent),
+            "held and cut again and again (an idle timeout)"
+        );
+        let sent = tokio::time::Instant::now();
+        assert!(cuts.again(sent), "a quick cut: once more");
+        assert!(
+            !cuts.again(sent),
+            "a second quick cut in a row: the watch fails"
+        );
+        cuts.answered();
+        assert!(
+            cuts.again(sent),
+            "after an answer, a quick cut is asked again"
+        );
     }
 
     #[test]

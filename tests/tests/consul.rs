@@ -1196,3 +1196,68 @@ fn services_that_churn_get_their_own_queries_with_the_default_budget() {
     a.assert_steady(Duration::from_secs(3));
     quiet(&a, "nothing changed at the end", r, w, 0.0);
 }
+
+/// #33 item 10: a proxy in front of Consul that closes connections idle for 2 s (a cloud load
+/// balancer's idle timeout, shortened) cuts every blocking query of a quiet Consul, the three
+/// change watches and every service's own query, again and again. Each is asked again from its
+/// index: no re-list, no read at all, no registry error, ready throughout; and a change made
+/// while the queries are being cut still arrives through them.
+#[test]
+#[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
+fn a_proxy_cutting_idle_connections_costs_no_relist() {
+    const N: usize = 10;
+    let consul = Consul::start(Some("disable_coordinates = true"));
+    consul.register_bulk(&bulk(N, 1));
+    let upstream: std::net::SocketAddr = consul
+        .addr()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("consul address");
+    let proxy = e2e::forwarder::Forwarder::cutting_idle(upstream, Duration::from_secs(2));
+    let through = format!("http://{}", proxy.addr);
+    let a = Adapter::start_with_env(
+        "adapter-consul",
+        &["--consul-addr", &through, "--exclude-service", "consul"],
+        &[("RUST_LOG", "info,adapter_consul=debug")],
+    );
+    wait_for(Duration::from_secs(60), "every service served", || {
+        (a.metric("mcp_adapter_resources") >= N as f64).then_some(())
+    });
+    a.wait_ready();
+    wait_for(Duration::from_secs(20), "every service watched", || {
+        (a.metric("mcp_adapter_registry_service_watches") == N as f64).then_some(())
+    });
+    settled(&a);
+    let (r, snapshots) = (reads(&a), a.metric("mcp_adapter_snapshots_total"));
+    let cuts = proxy.cuts();
+    // Three rounds of cuts of every query (3 change watches and N own queries), each checked
+    // as it happens: no error, ready, nothing read, no snapshot.
+    let enough = cuts + 3 * (N + 3);
+    wait_for(Duration::from_secs(60), "three rounds of cuts", || {
+        a.assert_no_registry_errors("while the proxy cuts idle connections");
+        assert_eq!(a.get("/readyz").0, 200, "{}", a.log_tail());
+        assert_eq!(
+            (reads(&a), a.metric("mcp_adapter_snapshots_total")),
+            (r, snapshots),
+            "a cut query is asked again from its index: nothing re-listed or read; log:\n{}",
+            a.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        (proxy.cuts() >= enough).then_some(())
+    });
+    assert!(
+        a.log_tail()
+            .contains("connection was cut; asking again from the same index"),
+        "the cuts were seen and ridden out; log:\n{}",
+        a.log_tail()
+    );
+    // A change still arrives, through the queries asked again: one own answer, no read.
+    consul.register(
+        &Registration::new(&node_of(4, 1), "svc-4", "svc-4-1", "10.250.0.1", 8080).protocol("http"),
+    );
+    until("the new instance", &a.xds_url(), |i| {
+        find(i, "svc-4").is_some_and(|s| addresses(s).len() == 2)
+    });
+    assert_eq!(reads(&a), r, "no read for the change: {}", a.log_tail());
+    a.assert_no_registry_errors("after the cuts");
+}
