@@ -50,7 +50,9 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target/debug"))
 }
 
-/// A workspace binary (`adapter-file`, `mcpctl`).
+/// A workspace binary (`adapter-file`, `mcpctl`), built from the sources as they are now:
+/// `cargo test -p e2e` builds the tests, not the binaries they run, so after an edit a test
+/// would otherwise run the binary built before it.
 pub fn workspace_bin(name: &str) -> PathBuf {
     let p = target_dir().join(name);
     assert!(
@@ -58,7 +60,44 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         "{} not built: run `cargo build --workspace --bins` first (scripts/test.sh does)",
         p.display()
     );
+    static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    if !checked.iter().any(|c| c == name) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap_or(Path::new("/"));
+        if let Some(newer) = newer_source(&p, root) {
+            panic!(
+                "{} is older than {}, one of the sources it is built from: run `cargo build -p {name}` \
+                 (or `cargo build --workspace --bins`) first; `cargo test -p e2e` does not \
+                 rebuild the binaries the tests run",
+                p.display(),
+                newer.display()
+            );
+        }
+        checked.push(name.to_string());
+    }
     p
+}
+
+/// A source file of `bin` (from the dependency list cargo writes beside it, `<bin>.d`) under
+/// `root` (not under its `target/`) that was changed after `bin` was built. None when the list
+/// is missing.
+pub fn newer_source(bin: &Path, root: &Path) -> Option<PathBuf> {
+    let built = std::fs::metadata(bin).and_then(|m| m.modified()).ok()?;
+    let list = std::fs::read_to_string(bin.with_extension("d")).ok()?;
+    // `<bin>: <dep> <dep> ...`, spaces in paths escaped with a backslash.
+    let (_, deps) = list.split_once(": ")?;
+    let deps = deps.trim().replace("\\ ", "\u{0}");
+    deps.split_whitespace()
+        .map(|d| PathBuf::from(d.replace('\u{0}', " ")))
+        // Generated files (a build script's output under target/) are not sources.
+        .filter(|d| d.starts_with(root) && !d.starts_with(root.join("target")))
+        .find(|d| {
+            std::fs::metadata(d)
+                .and_then(|m| m.modified())
+                .is_ok_and(|changed| changed > built)
+        })
 }
 
 /// `n` consecutive free ports on 127.0.0.1, first address returned (an adapter with
@@ -423,4 +462,56 @@ pub fn base64(data: &[u8]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod stale_binary_tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    #[test]
+    fn a_source_changed_after_the_binary_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let (bin, src, spaced) = (
+            root.join("adapter-x"),
+            root.join("main.rs"),
+            root.join("a dir/lib.rs"),
+        );
+        std::fs::create_dir_all(root.join("a dir")).expect("mkdir");
+        for f in [&bin, &src, &spaced] {
+            std::fs::write(f, "x").expect("write");
+        }
+        let dep_list = format!(
+            "{}: {} {} /elsewhere/other.rs\n",
+            bin.display(),
+            src.display(),
+            spaced.display().to_string().replace(' ', "\\ ")
+        );
+        std::fs::write(bin.with_extension("d"), dep_list).expect("write .d");
+        let at = |f: &Path, t: SystemTime| {
+            std::fs::File::options()
+                .write(true)
+                .open(f)
+                .and_then(|h| h.set_modified(t))
+                .expect("set mtime");
+        };
+        let t0 = SystemTime::now() - Duration::from_secs(100);
+        at(&src, t0);
+        at(&spaced, t0);
+        at(&bin, t0 + Duration::from_secs(10));
+        assert_eq!(newer_source(&bin, root), None, "built after its sources");
+        at(&spaced, t0 + Duration::from_secs(20));
+        assert_eq!(
+            newer_source(&bin, root),
+            Some(spaced.clone()),
+            "a path with a space"
+        );
+        at(&spaced, t0);
+        at(&src, t0 + Duration::from_secs(20));
+        assert_eq!(newer_source(&bin, root), Some(src));
+        std::fs::remove_file(bin.with_extension("d")).expect("rm");
+        assert_eq!(newer_source(&bin, root), None, "no list: not checked");
+    }
 }
