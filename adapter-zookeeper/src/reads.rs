@@ -151,6 +151,10 @@ pub(crate) struct Reader<'a> {
     stamps: Mutex<HashMap<String, Option<Stamp>>>,
     /// What listing a directory does with its stamp.
     pub(crate) stamping: Stamping,
+    /// The directories (and `providers` directories) the running check stamped, each with
+    /// whether it may have been created again since it was read (its `czxid` changed, or it
+    /// was not stamped before): their directory is dated again. Emptied by the next check.
+    checked: HashMap<String, bool>,
     /// A request failed because the connection was lost (the session may well be alive).
     interrupted: AtomicBool,
     exists: AtomicU64,
@@ -177,6 +181,7 @@ impl<'a> Reader<'a> {
             armed: HashSet::new(),
             stamps: Mutex::new(HashMap::new()),
             stamping: Stamping::Forget,
+            checked: HashMap::new(),
             interrupted: AtomicBool::new(false),
             exists: AtomicU64::new(0),
             lists: AtomicU64::new(0),
@@ -215,6 +220,11 @@ impl<'a> Reader<'a> {
 
     fn stamp(&self, path: &str) -> Option<Option<Stamp>> {
         self.stamps.lock().ok().and_then(|m| m.get(path).copied())
+    }
+
+    /// Ends a check: what it stamped no longer dates directories again.
+    pub(crate) fn end_check(&mut self) {
+        self.checked.clear();
     }
 
     /// Forgets a watch that fired: what it watched is read again.
@@ -408,8 +418,10 @@ impl<'a> Reader<'a> {
     }
 
     /// When ZooKeeper created `path` (`czxid`), if `needed`. Right after a listing that recorded
-    /// the directory's stamp (`just_listed` under [`Stamping::Before`] or [`Stamping::Keep`]) it
-    /// comes from that stamp; otherwise it costs one `exists`. `None` if it cannot be read.
+    /// the directory's stamp (`just_listed` under [`Stamping::Before`], or under
+    /// [`Stamping::Keep`] when the running check stamped it) it comes from that stamp;
+    /// otherwise it costs one `exists` (an older stamp may predate a re-creation). `None` if
+    /// it cannot be read.
     async fn czxid(
         &self,
         path: &str,
@@ -419,7 +431,12 @@ impl<'a> Reader<'a> {
         if !needed {
             return Ok(None);
         }
-        if just_listed && self.stamping != Stamping::Forget {
+        let fresh = match self.stamping {
+            Stamping::Before => true,
+            Stamping::Keep => self.checked.contains_key(path),
+            Stamping::Forget => false,
+        };
+        if just_listed && fresh {
             if let Some(Some(stamp)) = self.stamp(path) {
                 return Ok(Some(stamp.czxid));
             }
@@ -447,8 +464,13 @@ impl<'a> Reader<'a> {
         let mut newly = Vec::new();
         let known = old.filter(|_| !full && self.armed.contains(&child_key(&path)));
         // When ZooKeeper created the directory (`czxid`): read once, and again on a full read
-        // (it may have been deleted and created again unseen). Unreadable: undated for now.
-        let dating = full || old.is_none_or(|o| !o.dated());
+        // or when a check found it (or its `providers`) created again or not stamped since a
+        // watch fired: it may have been deleted and created again unseen, and a replica
+        // started now dates it anew. Unreadable: undated for now, dated at a later check.
+        let redate = [path.clone(), join(&path, "providers")]
+            .iter()
+            .any(|p| self.checked.get(p) == Some(&true));
+        let dating = full || redate || old.is_none_or(|o| !o.dated());
         let (shape, listed) = match known.map(|o| &o.held) {
             Some(Held::Nothing) => {
                 let czxid = self.czxid(&path, dating, false).await?;
@@ -583,6 +605,7 @@ impl<'a> Reader<'a> {
         keys: Vec<String>,
         rearm: bool,
     ) -> Result<Vec<String>, RegistryError> {
+        self.checked.clear();
         let results: Vec<_> = {
             let this = &*self;
             stream::iter(keys)
@@ -613,7 +636,8 @@ impl<'a> Reader<'a> {
                     continue;
                 }
             };
-            let same = self.stamp(&path) == Some(now);
+            let before = self.stamp(&path);
+            let same = before == Some(now);
             if data {
                 if rearm {
                     self.armed.insert(key.clone());
@@ -622,7 +646,13 @@ impl<'a> Reader<'a> {
                     fired.push(key);
                 }
             } else if rearm || !same || !self.watches(&key, &path) {
-                // Listed next with this stamp (taken before the listing).
+                // Listed next with this stamp (taken before the listing). Created again (or
+                // not stamped since a watch fired, so unknown): dated again too.
+                let recreated = !matches!(
+                    (before, now),
+                    (Some(Some(b)), Some(n)) if b.czxid == n.czxid
+                );
+                self.checked.insert(path.clone(), recreated);
                 self.record(&path, now);
                 fired.push(key);
             }
