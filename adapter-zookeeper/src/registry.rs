@@ -10,6 +10,9 @@
 //!   state or when the ensemble resolves to other addresses (see [`crate::client`]);
 //! * a watch starts by waiting for a connected session, adding digest auth, listing every root
 //!   and service directory (arming child and data watches) and sending one `Reset`;
+//! * every watch is armed with the plain `watch` flag, and the client's default watcher routes
+//!   each event to the running watch (see [`crate::client`]): watcher objects would pile up
+//!   inside the client library, one more per unchanged znode at every re-arm;
 //! * a fired watch is applied at once with what re-arming it returns: the children of a Dubbo
 //!   `providers` directory are its providers (one request, nothing else read), the children of
 //!   a Curator directory its instances (data read for new ones only), an instance's data that
@@ -261,6 +264,7 @@ impl Inner {
             return Err(e);
         }
         let (hint_tx, mut hints) = mpsc::unbounded_channel();
+        client.route_to(hint_tx);
         let model = self
             .model
             .lock()
@@ -270,7 +274,6 @@ impl Inner {
             inner: &self,
             reader: Reader::new(
                 Arc::clone(&client.zk),
-                hint_tx,
                 self.request_timeout,
                 self.concurrency,
                 &self.filters,

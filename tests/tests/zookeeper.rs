@@ -1026,3 +1026,102 @@ fn a_directory_re_created_while_disconnected_is_re_dated() {
         r.assert_no_registry_errors("re-dated");
     }
 }
+
+/// Resident memory of `pid`, in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// A number from the environment, else `default`.
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Reconnects on the same session re-arm every watch; the client library must not keep the
+/// watchers of the connections before (it keeps every watcher until its znode changes, and
+/// those never fire again once their connection is gone). Curator instances (one data watch
+/// each) in services of 100; `ZK_E2E_RECONNECT_INSTANCES` (default 2,000; 10,000 by hand) and
+/// `ZK_E2E_RECONNECTS` (default 50) forced reconnects after two to warm up: resident memory
+/// (the median of the first five samples against that of the last five: the allocator keeps
+/// and returns memory in steps of megabytes) grows by less than `ZK_E2E_RECONNECT_BOUND_KIB`
+/// (default 3 MiB), and a change is still served after the last one. Before the fix, 2,000
+/// instances and 50 reconnects grew by 6.5 MiB (medians) and 10,000 instances and 20
+/// reconnects by 36 MiB; after it, neither grew.
+#[test]
+#[ignore = "needs zookeeper: scripts/install-zookeeper.sh (the README's test command runs it)"]
+fn reconnects_do_not_pile_up_watchers() {
+    let instances = env_usize("ZK_E2E_RECONNECT_INSTANCES", 2_000);
+    let reconnects = env_usize("ZK_E2E_RECONNECTS", 50);
+    let bound = env_usize("ZK_E2E_RECONNECT_BOUND_KIB", 3 * 1024) as u64;
+    assert!(
+        reconnects >= 10,
+        "ZK_E2E_RECONNECTS: at least 10 (two sets of five samples)"
+    );
+    let services = instances.div_ceil(100);
+    let (zk, mut w) = ZooKeeper::start_with_writer();
+    let started = Instant::now();
+    for i in 0..instances {
+        let (s, j) = (i / 100, i % 100);
+        let ip = format!("10.{}.{}.{}", 40 + s / 250, s % 250, j + 1);
+        w.create(
+            &format!("/services/svc{s:03}/{j}"),
+            &format!(r#"{{"name":"svc{s:03}","address":"{ip}","port":8080}}"#),
+        );
+    }
+    eprintln!("{instances} instances written in {:?}", started.elapsed());
+    let proxy = CutProxy::start(zk.addr);
+    let (a, xds) = adapter_on(
+        &proxy.addr.to_string(),
+        &["--zk-session-timeout", "30s"],
+        &[],
+    );
+    e2e::wait_served(Duration::from_secs(120), "every instance", &xds, |i| {
+        i.len() == services && i.iter().map(endpoint_count).sum::<usize>() == instances
+    });
+    let pid = adapter_pid(&a);
+    for _ in 0..2 {
+        cut_and_rearm(&a, &proxy, || {});
+    }
+    let t = Instant::now();
+    let mut seen = Vec::new();
+    for _ in 0..reconnects {
+        cut_and_rearm(&a, &proxy, || {});
+        seen.push(rss_kib(pid));
+    }
+    let median = |s: &[u64]| {
+        let mut s = s.to_vec();
+        s.sort_unstable();
+        s[s.len() / 2]
+    };
+    let before = median(&seen[..5]);
+    let after = median(&seen[seen.len() - 5..]);
+    eprintln!(
+        "{instances} instances, {reconnects} reconnects in {:?}: RSS (medians of five) {before} \
+         KiB -> {after} KiB (+{} KiB); after each: {seen:?}",
+        t.elapsed(),
+        after.saturating_sub(before)
+    );
+    // Still watching: a change after the last reconnect is served.
+    w.create(
+        "/services/svc000/new",
+        r#"{"name":"svc000","address":"10.39.0.1","port":8080}"#,
+    );
+    until("a change after the reconnects", &xds, |i| {
+        find(i, "svc000").is_some_and(|s| endpoint_count(s) == 101)
+    });
+    a.assert_no_registry_errors("after the reconnects");
+    assert!(
+        after.saturating_sub(before) < bound,
+        "resident memory grew by {} KiB over {reconnects} reconnects at {instances} instances \
+         (bound {bound} KiB): {before} -> {after}, after each: {seen:?}",
+        after.saturating_sub(before)
+    );
+}
