@@ -14,15 +14,25 @@
 //!   working session);
 //! * building a client waits for a TCP connection to one of the addresses; a build that gets
 //!   none within [`BUILD_WAIT`] is dropped, nothing is cached, and the next watch resolves again.
+//!
+//! Watches are armed with the requests' plain `watch` flag, and every event reaches the
+//! client's default watcher, which routes it to the running watch ([`Client::route_to`]): the
+//! library keeps a watcher object per `_w` request until its znode changes, across reconnects
+//! and session expiries, so re-arming every watch after each reconnect would pile them up.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use mcp_core::RegistryError;
-use tokio::sync::{watch, Mutex};
+use tokio::sync::{mpsc, watch, Mutex};
 use tokio::time::timeout;
 use zookeeper_async::{WatchedEvent, ZkState, ZooKeeper};
+
+use crate::reads::{fired, Hint};
+
+/// Where the client's default watcher sends fired watches: the running watch's channel.
+type Route = Arc<std::sync::Mutex<Option<mpsc::UnboundedSender<Hint>>>>;
 
 /// Longest a client build may take (it does not wait for a session).
 const BUILD_WAIT: Duration = Duration::from_secs(10);
@@ -54,6 +64,37 @@ pub struct Client {
     pub state: watch::Receiver<Seen>,
     /// The addresses it was built with.
     addrs: Vec<SocketAddr>,
+    /// Where fired watches go.
+    route: Route,
+}
+
+impl Client {
+    /// Sends the watches that fire from now on to `hints` (the watch that starts; the one
+    /// before it has ended, and its channel is dropped here).
+    pub(crate) fn route_to(&self, hints: mpsc::UnboundedSender<Hint>) {
+        let mut route = self.route.lock().unwrap_or_else(|p| p.into_inner());
+        *route = Some(hints);
+    }
+}
+
+/// The client's default watcher: every event of a watch armed by this client comes here (none
+/// is armed with a watcher object of its own), and goes to the watch that runs.
+fn default_watcher(route: Route) -> impl Fn(WatchedEvent) + Send + 'static {
+    move |ev: WatchedEvent| {
+        let hints = fired(&ev);
+        if hints.is_empty() {
+            tracing::debug!(event = ?ev, "ZooKeeper event without a watch.");
+            return;
+        }
+        tracing::debug!(path = ?ev.path, event = ?ev.event_type, "ZooKeeper watch fired.");
+        let route = route.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = route.as_ref() {
+            for h in hints {
+                // A closed channel: the watch ended; the next one lists everything anyway.
+                let _ = tx.send(h);
+            }
+        }
+    }
 }
 
 /// States after which the handle never works again: the client must be rebuilt.
@@ -175,10 +216,11 @@ impl Clients {
         }
         let connect = ensemble.connect_string();
         tracing::info!(servers = %self.servers, addresses = %connect, "Connecting to ZooKeeper.");
+        let route: Route = Arc::default();
         let built = ZooKeeper::connect_with_retry_time(
             &connect,
             self.session_timeout,
-            |ev: WatchedEvent| tracing::debug!(event = ?ev, "ZooKeeper event without a watch."),
+            default_watcher(Arc::clone(&route)),
             RETRY_TIME,
         );
         let zk = match timeout(BUILD_WAIT, built).await {
@@ -217,6 +259,7 @@ impl Clients {
             zk: Arc::new(zk),
             state: state_rx,
             addrs: ensemble.addrs,
+            route,
         };
         *slot = Some(client.clone());
         Ok(client)

@@ -282,6 +282,7 @@ impl Model {
         touched: &mut Vec<String>,
     ) {
         if matches!(read, Read::Unchanged) {
+            self.redate(&dir, czxid);
             return;
         }
         let mut old = self.states.remove(&dir);
@@ -325,6 +326,32 @@ impl Model {
         touched.push(new.scope.clone());
         self.count(&new, true);
         self.states.insert(dir, new);
+    }
+
+    /// Dates a directory whose content did not change with the `czxid` just read, if it
+    /// differs from the one held: it was deleted and created again between two reads (while
+    /// disconnected, or between a watch firing and the read), or was never dated. A replica
+    /// started now reads the new one, and who keeps a contested name or VIP must agree.
+    fn redate(&mut self, dir: &Dir, czxid: Option<i64>) {
+        let Some(created) = czxid
+            .and_then(|z| u64::try_from(z).ok())
+            .map(CreationOrder::new)
+        else {
+            return;
+        };
+        let Some(st) = self.states.get_mut(dir) else {
+            return;
+        };
+        if st.created == Some(created) {
+            return;
+        }
+        st.created = Some(created);
+        let key = st.converted.service.as_mut().map(|s| {
+            s.creation_order = Some(created);
+            s.key.clone()
+        });
+        st.hash = st.converted.service.as_ref().map(Service::content_hash);
+        self.dirty.entry(dir.clone()).or_insert(key);
     }
 
     /// Counts a directory's state in (`add`) or out of [`Model::names`] and [`Model::dubbo3`].
@@ -695,6 +722,72 @@ mod tests {
         );
         assert!(!m.isolated(&m.dirty, DubboDiscovery::Interface));
         assert!(m.isolated(&m.dirty, DubboDiscovery::Both));
+    }
+
+    /// A directory deleted and created again between two reads (while disconnected) has a new
+    /// `czxid`: read again with nothing else changed, it is re-dated, and the contested name
+    /// goes to the interface that is now the older one, as on a replica started afresh.
+    #[test]
+    fn a_re_created_directory_is_re_dated_even_when_its_content_is_unchanged() {
+        let (upper, lower) = (dir("/dubbo", "com.foo.API"), dir("/dubbo", "com.foo.Api"));
+        // What a model that read `lower` created at `lower_czxid` (and `upper` at 20) serves:
+        // name -> endpoint addresses.
+        let fresh = |lower_czxid: i64| {
+            let mut m = Model::default();
+            let mut touched = Vec::new();
+            m.apply_dated(
+                lower.clone(),
+                providers(&lower, &["10.0.0.2"]),
+                Some(lower_czxid),
+                &mut touched,
+            );
+            m.apply_dated(
+                upper.clone(),
+                providers(&upper, &["10.0.0.1"]),
+                Some(20),
+                &mut touched,
+            );
+            let (events, _) = m.sync(DubboDiscovery::Interface, true);
+            let [RegistryEvent::Reset(all)] = &events[..] else {
+                panic!("{events:?}");
+            };
+            let served: BTreeMap<String, Vec<String>> = all
+                .iter()
+                .map(|s| {
+                    let ips = s.endpoints.iter().map(|e| e.address.clone()).collect();
+                    (s.key.name.clone(), ips)
+                })
+                .collect();
+            (m, served)
+        };
+        let (mut m, before) = fresh(10);
+        assert_eq!(before["com.foo.api"], ids(&["10.0.0.2"]), "created first");
+
+        // Re-created unseen: the providers are the same, the czxid is newer than API's.
+        let mut touched = Vec::new();
+        m.apply_dated(lower.clone(), Read::Unchanged, Some(30), &mut touched);
+        let (events, _) = m.sync(DubboDiscovery::Interface, false);
+        let mut now = before.clone();
+        for (name, ips) in upserted(&events) {
+            now.insert(name, ips);
+        }
+        for e in &events {
+            if let RegistryEvent::Remove(k) = e {
+                now.remove(&k.name);
+            }
+        }
+        let (replica, theirs) = fresh(30);
+        assert_eq!(now, theirs, "{events:?}");
+        assert_eq!(now["com.foo.api"], ids(&["10.0.0.1"]));
+        assert_eq!(
+            m.states.get(&lower).and_then(|s| s.created),
+            replica.states.get(&lower).and_then(|s| s.created)
+        );
+
+        // The same czxid again: nothing to send.
+        m.apply_dated(lower.clone(), Read::Unchanged, Some(30), &mut touched);
+        let (events, _) = m.sync(DubboDiscovery::Interface, false);
+        assert!(events.is_empty(), "{events:?}");
     }
 
     #[test]

@@ -32,9 +32,8 @@ use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use mcp_core::RegistryError;
-use tokio::sync::mpsc;
 use tokio::time::timeout;
-use zookeeper_async::{Stat, WatchedEvent, ZkError, ZooKeeper};
+use zookeeper_async::{Stat, WatchedEvent, WatchedEventType, ZkError, ZooKeeper};
 
 use crate::config::Layout;
 use crate::convert::convert_dubbo;
@@ -43,6 +42,31 @@ use crate::model::{join, shape, Dir, DirState, Fetched, Held, Model, Read, Shape
 
 /// A fired watch: which armed watch (`c:`/`d:`/`e:` + path) it was.
 pub(crate) struct Hint(pub(crate) String);
+
+/// The watches an event from the server may be the firing of: a child watch (`c:`) fires on
+/// a change of children, a data watch (`d:`, armed by reading data or by `exists`) on a change
+/// of data or a creation, the exists watch of a missing root (`e:`) on its creation, and all of
+/// them on a deletion. Session events (no path) are none.
+///
+/// Every watch is armed with the request's plain `watch` flag, so that the client library
+/// keeps nothing per watch: it hands every event to the client's default watcher, which routes
+/// it here. A watcher object per watch (the `_w` requests) would be kept by `zookeeper-async`
+/// (5.0.0) until its znode changes, never dropped on a reconnect or a session expiry, although
+/// the server forgets the watch with its connection: a znode that never changes would keep one
+/// more watcher after every reconnect, as every watch is armed again then.
+pub(crate) fn fired(ev: &WatchedEvent) -> Vec<Hint> {
+    let Some(path) = ev.path.as_deref() else {
+        return Vec::new();
+    };
+    let kinds: &[&str] = match ev.event_type {
+        WatchedEventType::NodeChildrenChanged => &["c:"],
+        WatchedEventType::NodeDataChanged => &["d:"],
+        WatchedEventType::NodeCreated => &["d:", "e:"],
+        WatchedEventType::NodeDeleted => &["c:", "d:", "e:"],
+        _ => &[],
+    };
+    kinds.iter().map(|k| Hint(format!("{k}{path}"))).collect()
+}
 
 /// Why a read failed.
 enum OpError {
@@ -140,8 +164,6 @@ enum Req {
 /// armed.
 pub(crate) struct Reader<'a> {
     zk: Arc<ZooKeeper>,
-    /// Where an armed watch reports when it fires.
-    hints: mpsc::UnboundedSender<Hint>,
     request_timeout: Duration,
     concurrency: usize,
     filters: &'a Filters,
@@ -151,6 +173,10 @@ pub(crate) struct Reader<'a> {
     stamps: Mutex<HashMap<String, Option<Stamp>>>,
     /// What listing a directory does with its stamp.
     pub(crate) stamping: Stamping,
+    /// The directories (and `providers` directories) the running check stamped, each with
+    /// whether it may have been created again since it was read (its `czxid` changed, or it
+    /// was not stamped before): their directory is dated again. Emptied by the next check.
+    checked: HashMap<String, bool>,
     /// A request failed because the connection was lost (the session may well be alive).
     interrupted: AtomicBool,
     exists: AtomicU64,
@@ -160,23 +186,23 @@ pub(crate) struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    /// A reader on session `zk` with nothing armed; fired watches are sent to `hints`.
+    /// A reader on session `zk` with nothing armed (fired watches reach the session through
+    /// the client's route, [`crate::client::Client::route_to`]).
     pub(crate) fn new(
         zk: Arc<ZooKeeper>,
-        hints: mpsc::UnboundedSender<Hint>,
         request_timeout: Duration,
         concurrency: usize,
         filters: &'a Filters,
     ) -> Self {
         Self {
             zk,
-            hints,
             request_timeout,
             concurrency,
             filters,
             armed: HashSet::new(),
             stamps: Mutex::new(HashMap::new()),
             stamping: Stamping::Forget,
+            checked: HashMap::new(),
             interrupted: AtomicBool::new(false),
             exists: AtomicU64::new(0),
             lists: AtomicU64::new(0),
@@ -215,6 +241,11 @@ impl<'a> Reader<'a> {
 
     fn stamp(&self, path: &str) -> Option<Option<Stamp>> {
         self.stamps.lock().ok().and_then(|m| m.get(path).copied())
+    }
+
+    /// Ends a check: what it stamped no longer dates directories again.
+    pub(crate) fn end_check(&mut self) {
+        self.checked.clear();
     }
 
     /// Forgets a watch that fired: what it watched is read again.
@@ -304,15 +335,6 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A watch closure that reports `key` when it fires.
-    fn watcher(&self, key: String) -> impl FnOnce(WatchedEvent) + Send + 'static {
-        let tx = self.hints.clone();
-        move |ev: WatchedEvent| {
-            tracing::debug!(watch = %key, event = ?ev.event_type, "ZooKeeper watch fired.");
-            let _ = tx.send(Hint(key));
-        }
-    }
-
     /// Children of `path`, arming a child watch unless one is armed; `None` if it is missing.
     /// Newly armed watch keys are pushed to `armed`. `stamping` says what happens to its stamp.
     async fn children(
@@ -336,11 +358,7 @@ impl<'a> Reader<'a> {
                 .await?
         } else {
             let r = self
-                .op(
-                    Req::List,
-                    path,
-                    zk.get_children_w(path, self.watcher(key.clone())),
-                )
+                .op(Req::List, path, zk.get_children(path, true))
                 .await?;
             if r.is_some() {
                 armed.push(key);
@@ -364,8 +382,7 @@ impl<'a> Reader<'a> {
         let exists = if self.armed.contains(&ekey) {
             self.op(Req::Exists, root, zk.exists(root, false)).await
         } else {
-            let w = self.watcher(ekey.clone());
-            let r = self.op(Req::Exists, root, zk.exists_w(root, w)).await;
+            let r = self.op(Req::Exists, root, zk.exists(root, true)).await;
             if r.is_ok() {
                 self.armed.insert(ekey);
             }
@@ -408,8 +425,10 @@ impl<'a> Reader<'a> {
     }
 
     /// When ZooKeeper created `path` (`czxid`), if `needed`. Right after a listing that recorded
-    /// the directory's stamp (`just_listed` under [`Stamping::Before`] or [`Stamping::Keep`]) it
-    /// comes from that stamp; otherwise it costs one `exists`. `None` if it cannot be read.
+    /// the directory's stamp (`just_listed` under [`Stamping::Before`], or under
+    /// [`Stamping::Keep`] when the running check stamped it) it comes from that stamp;
+    /// otherwise it costs one `exists` (an older stamp may predate a re-creation). `None` if
+    /// it cannot be read.
     async fn czxid(
         &self,
         path: &str,
@@ -419,7 +438,12 @@ impl<'a> Reader<'a> {
         if !needed {
             return Ok(None);
         }
-        if just_listed && self.stamping != Stamping::Forget {
+        let fresh = match self.stamping {
+            Stamping::Before => true,
+            Stamping::Keep => self.checked.contains_key(path),
+            Stamping::Forget => false,
+        };
+        if just_listed && fresh {
             if let Some(Some(stamp)) = self.stamp(path) {
                 return Ok(Some(stamp.czxid));
             }
@@ -447,8 +471,13 @@ impl<'a> Reader<'a> {
         let mut newly = Vec::new();
         let known = old.filter(|_| !full && self.armed.contains(&child_key(&path)));
         // When ZooKeeper created the directory (`czxid`): read once, and again on a full read
-        // (it may have been deleted and created again unseen). Unreadable: undated for now.
-        let dating = full || old.is_none_or(|o| !o.dated());
+        // or when a check found it (or its `providers`) created again or not stamped since a
+        // watch fired: it may have been deleted and created again unseen, and a replica
+        // started now dates it anew. Unreadable: undated for now, dated at a later check.
+        let redate = [path.clone(), join(&path, "providers")]
+            .iter()
+            .any(|p| self.checked.get(p) == Some(&true));
+        let dating = full || redate || old.is_none_or(|o| !o.dated());
         let (shape, listed) = match known.map(|o| &o.held) {
             Some(Held::Nothing) => {
                 let czxid = self.czxid(&path, dating, false).await?;
@@ -532,13 +561,10 @@ impl<'a> Reader<'a> {
             .map(|id| {
                 let p = join(&path, &id);
                 let key = data_key(&p);
-                let w = (!self.armed.contains(&key)).then(|| self.watcher(key.clone()));
+                let watch = !self.armed.contains(&key);
                 let zk = &self.zk;
                 async move {
-                    let r = match w {
-                        Some(w) => self.op(Req::Data, &p, zk.get_data_w(&p, w)).await,
-                        None => self.op(Req::Data, &p, zk.get_data(&p, false)).await,
-                    };
+                    let r = self.op(Req::Data, &p, zk.get_data(&p, watch)).await;
                     // The data comes with its stat: the stamp of what was read.
                     match &r {
                         Ok(Some((data, st))) => {
@@ -583,6 +609,7 @@ impl<'a> Reader<'a> {
         keys: Vec<String>,
         rearm: bool,
     ) -> Result<Vec<String>, RegistryError> {
+        self.checked.clear();
         let results: Vec<_> = {
             let this = &*self;
             stream::iter(keys)
@@ -590,12 +617,9 @@ impl<'a> Reader<'a> {
                     let path = key.get(2..).unwrap_or("/").to_string();
                     let zk = &this.zk;
                     let data = key.starts_with("d:");
-                    let r = if rearm && data {
-                        let w = this.watcher(key.clone());
-                        this.op(Req::Exists, &path, zk.exists_w(&path, w)).await
-                    } else {
-                        this.op(Req::Exists, &path, zk.exists(&path, false)).await
-                    };
+                    let r = this
+                        .op(Req::Exists, &path, zk.exists(&path, rearm && data))
+                        .await;
                     (key, path, data, r)
                 })
                 .buffered(self.concurrency)
@@ -613,7 +637,8 @@ impl<'a> Reader<'a> {
                     continue;
                 }
             };
-            let same = self.stamp(&path) == Some(now);
+            let before = self.stamp(&path);
+            let same = before == Some(now);
             if data {
                 if rearm {
                     self.armed.insert(key.clone());
@@ -622,7 +647,13 @@ impl<'a> Reader<'a> {
                     fired.push(key);
                 }
             } else if rearm || !same || !self.watches(&key, &path) {
-                // Listed next with this stamp (taken before the listing).
+                // Listed next with this stamp (taken before the listing). Created again (or
+                // not stamped since a watch fired, so unknown): dated again too.
+                let recreated = !matches!(
+                    (before, now),
+                    (Some(Some(b)), Some(n)) if b.czxid == n.czxid
+                );
+                self.checked.insert(path.clone(), recreated);
                 self.record(&path, now);
                 fired.push(key);
             }
@@ -681,4 +712,38 @@ pub(crate) fn instances_to_read(
         })
         .cloned()
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zookeeper_async::KeeperState;
+
+    fn keys(event_type: WatchedEventType, path: Option<&str>) -> Vec<String> {
+        let ev = WatchedEvent {
+            event_type,
+            keeper_state: KeeperState::SyncConnected,
+            path: path.map(str::to_string),
+        };
+        fired(&ev).into_iter().map(|Hint(k)| k).collect()
+    }
+
+    #[test]
+    fn events_map_to_the_watches_they_may_fire() {
+        use WatchedEventType as E;
+        assert_eq!(keys(E::NodeChildrenChanged, Some("/dubbo")), ["c:/dubbo"]);
+        assert_eq!(keys(E::NodeDataChanged, Some("/s/a/1")), ["d:/s/a/1"]);
+        assert_eq!(
+            keys(E::NodeCreated, Some("/dubbo")),
+            ["d:/dubbo", "e:/dubbo"]
+        );
+        assert_eq!(
+            keys(E::NodeDeleted, Some("/s/a")),
+            ["c:/s/a", "d:/s/a", "e:/s/a"]
+        );
+        assert!(
+            keys(E::None, None).is_empty(),
+            "session events fire nothing"
+        );
+    }
 }

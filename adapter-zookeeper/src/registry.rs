@@ -10,6 +10,9 @@
 //!   state or when the ensemble resolves to other addresses (see [`crate::client`]);
 //! * a watch starts by waiting for a connected session, adding digest auth, listing every root
 //!   and service directory (arming child and data watches) and sending one `Reset`;
+//! * every watch is armed with the plain `watch` flag, and the client's default watcher routes
+//!   each event to the running watch (see [`crate::client`]): watcher objects would pile up
+//!   inside the client library, one more per unchanged znode at every re-arm;
 //! * a fired watch is applied at once with what re-arming it returns: the children of a Dubbo
 //!   `providers` directory are its providers (one request, nothing else read), the children of
 //!   a Curator directory its instances (data read for new ones only), an instance's data that
@@ -261,6 +264,7 @@ impl Inner {
             return Err(e);
         }
         let (hint_tx, mut hints) = mpsc::unbounded_channel();
+        client.route_to(hint_tx);
         let model = self
             .model
             .lock()
@@ -270,7 +274,6 @@ impl Inner {
             inner: &self,
             reader: Reader::new(
                 Arc::clone(&client.zk),
-                hint_tx,
                 self.request_timeout,
                 self.concurrency,
                 &self.filters,
@@ -423,7 +426,7 @@ impl Inner {
                 Pass::Fired(fired) => {
                     let t = Instant::now();
                     let watches = fired.len();
-                    let r = s.apply_fired(&tx, fired).await;
+                    let r = s.apply_fired(&tx, fired, Vec::new()).await;
                     tracing::debug!(watches, took = ?t.elapsed(), "Applied fired watches.");
                     r.map(|_| ())
                 }
@@ -544,16 +547,33 @@ impl Session<'_> {
         }
         let keys = self.watched();
         let watched = keys.len();
-        let fired = self.reader.check(keys, rearm).await?;
+        let fired = self.reader.check(keys, rearm).await;
+        let fired = match fired {
+            Ok(f) => f,
+            Err(e) => {
+                self.reader.end_check();
+                return Err(e);
+            }
+        };
         let changed = fired.len();
+        // Directories whose creation could not be read yet (who keeps a contested name or VIP
+        // depends on it): tried again at every check, one `exists` each.
+        let undated: Vec<Dir> = self
+            .model
+            .states
+            .iter()
+            .filter(|(_, st)| !st.dated())
+            .map(|(d, _)| d.clone())
+            .collect();
         // The directories that changed were stamped by the check, before they are listed.
         self.reader.stamping = Stamping::Keep;
-        let sent = if fired.is_empty() {
+        let sent = if fired.is_empty() && undated.is_empty() {
             Ok(0)
         } else {
-            self.apply_fired(tx, fired).await
+            self.apply_fired(tx, fired, undated).await
         };
         self.reader.stamping = Stamping::Forget;
+        self.reader.end_check();
         let sent = sent?;
         let n = self.reader.counts() - before;
         let pass = if rearm { "re-arm" } else { "safety" };
@@ -591,14 +611,16 @@ impl Session<'_> {
     }
 
     /// Applies fired watches: a root is listed again (new directories read whole, gone ones
-    /// dropped), a directory reads what its fired watches point at. How many events it sent.
+    /// dropped), a directory reads what its fired watches point at; `undated` directories are
+    /// read too (dated, and only what has no armed watch read). How many events it sent.
     async fn apply_fired(
         &mut self,
         tx: &EventSender,
         fired: Vec<String>,
+        undated: Vec<Dir>,
     ) -> Result<usize, RegistryError> {
         let mut roots = BTreeSet::new();
-        let mut dirs = BTreeSet::new();
+        let mut dirs: BTreeSet<Dir> = undated.into_iter().collect();
         for key in fired {
             self.reader.disarm(&key);
             let path = key.get(2..).unwrap_or("");

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod background;
 pub mod compose;
 pub mod consul;
+pub mod cut_proxy;
 pub mod envoy;
 pub mod eureka;
 pub mod flood;
