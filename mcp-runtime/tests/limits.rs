@@ -370,3 +370,119 @@ async fn unacknowledged_responses_are_counted_after_the_threshold() {
     drop(tx);
     a.stop().await;
 }
+
+// #33: long names, node ids and a stream's bytes.
+
+/// Waits up to `within` until `probe` gives `want`.
+async fn wait_value<F, Fut>(within: Duration, what: &str, want: f64, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = f64>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let got = probe().await;
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {got}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// With the default limits: a 1 MiB resource name, a 1 MiB node id and a 1 MiB declared
+/// version each end their stream with RESOURCE_EXHAUSTED naming the flag; delta subscriptions
+/// of names under the length limit add up in bytes across requests until `--max-stream-bytes`
+/// (16 MiB) ends the stream; a NACK with a 1 MiB detail is counted and the stream goes on.
+#[tokio::test]
+async fn long_names_node_ids_and_stream_bytes_over_their_limits_end_the_stream() {
+    let a = start(|_| {}).await;
+    let ch = channel(a.grpc()).await;
+    let huge = "n".repeat(1 << 20);
+
+    let mut req = xds_req(SE_V1, "");
+    req.resource_names = vec![format!("ns/{huge}")];
+    let (_t, mut s) = sotw(ch.clone(), req).await.expect("opens");
+    let status = ended(&mut s).await;
+    assert_refused(&status, "--max-resource-name-length");
+
+    let mut req = xds_req(SE_V1, "");
+    req.node = Some(envoy_types::pb::envoy::config::core::v3::Node {
+        id: huge.clone(),
+        ..Default::default()
+    });
+    let (_t, mut s) = sotw(ch.clone(), req).await.expect("opens");
+    assert_refused(&ended(&mut s).await, "--max-node-id-length");
+
+    // The first batch's answer reports its 9,000 names removed (none exists): 9 MB.
+    let mut c =
+        AggregatedDiscoveryServiceClient::new(ch.clone()).max_decoding_message_size(64 << 20);
+    let (dtx, drx) = mpsc::unbounded_channel();
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        initial_resource_versions: [("test/a".to_string(), huge.clone())].into(),
+        ..Default::default()
+    })
+    .expect("send");
+    let mut d = c
+        .delta_aggregated_resources(UnboundedReceiverStream::new(drx))
+        .await
+        .expect("opens")
+        .into_inner();
+    assert_refused(&ended(&mut d).await, "--max-resource-name-length");
+
+    // Two requests of 9,000 names of 1,000 bytes: 9 MB each is within every other limit.
+    let names = |batch: usize| -> Vec<String> {
+        (0..9000)
+            .map(|i| format!("ns/{batch}-{i:05}-{}", "x".repeat(990)))
+            .collect()
+    };
+    let (dtx, drx) = mpsc::unbounded_channel();
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        resource_names_subscribe: names(0),
+        ..Default::default()
+    })
+    .expect("send");
+    let mut d = c
+        .delta_aggregated_resources(UnboundedReceiverStream::new(drx))
+        .await
+        .expect("opens")
+        .into_inner();
+    let r = d.message().await.expect("ok").expect("the first batch");
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        response_nonce: r.nonce,
+        resource_names_subscribe: names(1),
+        ..Default::default()
+    })
+    .expect("send");
+    let status = ended(&mut d).await;
+    assert_refused(&status, "--max-stream-bytes");
+
+    // A NACK of any length is counted, and the stream goes on.
+    let (tx, mut s) = sotw(ch.clone(), xds_req(SE_V1, "")).await.expect("opens");
+    let r = s.message().await.expect("ok").expect("the set");
+    let mut nack = xds_ack(&r);
+    nack.error_detail = Some(envoy_types::pb::google::rpc::Status {
+        code: 3,
+        message: huge.clone(),
+        ..Default::default()
+    });
+    tx.send(nack).expect("nack");
+    wait_value(STEP, "NACKs counted", 1.0, || {
+        sample(&a, "mcp_adapter_nacks_total", "protocol=\"xds\"")
+    })
+    .await;
+    tx.send(xds_req("example.com/A", "")).expect("send");
+    let r = s.message().await.expect("ok").expect("still served");
+    assert_eq!(r.type_url, "example.com/A");
+
+    assert_eq!(refused(&a, "resource_name_length").await, 2.0);
+    assert_eq!(refused(&a, "node_id_length").await, 1.0);
+    assert_eq!(refused(&a, "stream_bytes").await, 1.0);
+    a.stop().await;
+}

@@ -16,12 +16,14 @@
 //!   to what the sink acknowledged.
 //!
 //! What a stream holds is bounded ([`StreamLimits`], checked by [`Engine::check`] before a
-//! request is applied): at most so many types, type URLs of at most so many bytes, and per
-//! served type at most so many resource names (subscribed or declared held). A full-state type
-//! keeps no set at all between responses (only its version); an incremental one keeps what the
-//! sink holds and what it was sent, and once a newer set is published while it waits for an
-//! ACK, only their names and versions (see [`Known::forget_resources`]): a slow sink never keeps
-//! an old set's resources alive.
+//! request is applied): at most so many types, type URLs, resource names, versions and node ids
+//! of at most so many bytes each, per served type at most so many resource names (subscribed or
+//! declared held), and at most so many bytes of all the sink's strings it keeps together (delta
+//! subscriptions add up across requests: counting names alone lets long ones through). A
+//! full-state type keeps no set at all between responses (only its version); an incremental one
+//! keeps what the sink holds and what it was sent, and once a newer set is published while it
+//! waits for an ACK, only their names and versions (see [`Known::forget_resources`]): a slow
+//! sink never keeps an old set's resources alive.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -72,6 +74,9 @@ pub struct Request {
     pub initial_versions: BTreeMap<String, String>,
     /// Subscription change.
     pub names: Names,
+    /// Bytes of the node id the request carries (0 without one): only its length is checked
+    /// here, the id itself is logged clipped and never kept.
+    pub node_id_len: usize,
 }
 
 /// A response to send.
@@ -118,6 +123,8 @@ struct Subscription {
     /// Names subscribed explicitly (delta keeps them even while `wildcard` is set; SotW does not
     /// need to, as each request restates the whole list).
     names: BTreeSet<String>,
+    /// Bytes of `names`, kept as they change: `--max-stream-bytes` is checked on every request.
+    bytes: usize,
 }
 
 impl Subscription {
@@ -149,6 +156,9 @@ struct TypeState {
     dirty: bool,
     /// At least one response went out.
     answered: bool,
+    /// Bytes of the names and versions declared held on the first request; they count until
+    /// the first response replaces them with a shared set.
+    declared_bytes: usize,
 }
 
 /// The subscription state of one stream.
@@ -211,6 +221,18 @@ impl Engine {
                 limit: limits.max_type_url_len,
             });
         }
+        if req.node_id_len > limits.max_node_id_len {
+            return Err(Refused::NodeIdLength {
+                len: req.node_id_len,
+                limit: limits.max_node_id_len,
+            });
+        }
+        if let Some(len) = longest_name(req).filter(|l| *l > limits.max_name_len) {
+            return Err(Refused::ResourceNameLength {
+                len,
+                limit: limits.max_name_len,
+            });
+        }
         let served = (self.served)(&req.type_key);
         let state = self.types.get(&req.type_key);
         let known = if served {
@@ -228,9 +250,11 @@ impl Engine {
             return Ok(());
         }
         let held = state.map_or(0, |s| s.sub.names.len());
-        let count = match &req.names {
-            Names::Unchanged => 0,
-            Names::Replace(list) => list.len(),
+        let held_bytes = state.map_or(0, |s| s.sub.bytes);
+        // Names the type would hold after this request, and their bytes.
+        let (count, sub_bytes) = match &req.names {
+            Names::Unchanged => (0, held_bytes),
+            Names::Replace(list) => (list.len(), list.iter().map(String::len).sum()),
             Names::Delta { subscribe, .. } => {
                 let held_names = state.map(|s| &s.sub.names);
                 let new: BTreeSet<&str> = subscribe
@@ -238,10 +262,11 @@ impl Engine {
                     .map(String::as_str)
                     .filter(|n| *n != "*" && !held_names.is_some_and(|h| h.contains(*n)))
                     .collect();
-                held + new.len()
+                let new_bytes: usize = new.iter().map(|n| n.len()).sum();
+                (held + new.len(), held_bytes + new_bytes)
             }
-        }
-        .max(req.initial_versions.len());
+        };
+        let count = count.max(req.initial_versions.len());
         if count > limits.max_names {
             return Err(Refused::ResourceNames {
                 type_url: req.type_key.clone(),
@@ -249,7 +274,33 @@ impl Engine {
                 limit: limits.max_names,
             });
         }
+        // Only a type's first request keeps its URL and its declared versions.
+        let added = if state.is_none() {
+            req.type_key.len() + declared_bytes(&req.initial_versions)
+        } else {
+            0
+        };
+        let bytes = self.bytes_held() - held_bytes + sub_bytes + added;
+        if bytes > limits.max_bytes {
+            return Err(Refused::StreamBytes {
+                bytes,
+                limit: limits.max_bytes,
+            });
+        }
         Ok(())
+    }
+
+    /// Bytes of the sink's strings this stream holds (what `--max-stream-bytes` bounds): the
+    /// served types' URLs, the names subscribed, and until a type's first response the names
+    /// and versions declared held. Unserved types keep only a hash.
+    pub fn bytes_held(&self) -> usize {
+        self.types
+            .iter()
+            .map(|(url, s)| {
+                let declared = if s.answered { 0 } else { s.declared_bytes };
+                url.len() + s.sub.bytes + declared
+            })
+            .sum()
     }
 
     /// Resource names the sink made this stream hold: the names it subscribed to, and until its
@@ -394,6 +445,7 @@ impl Engine {
                     Incremental::IfRequested => req.incremental,
                     Incremental::Always => true,
                 };
+                let declared_bytes = declared_bytes(&req.initial_versions);
                 let known = if incremental && !req.initial_versions.is_empty() {
                     Known::Versions(req.initial_versions)
                 } else {
@@ -405,6 +457,7 @@ impl Engine {
                     sub: Subscription {
                         wildcard: true,
                         names: BTreeSet::new(),
+                        bytes: 0,
                     },
                     in_flight: None,
                     sent_at: None,
@@ -414,6 +467,7 @@ impl Engine {
                     nacked_version: None,
                     dirty: true,
                     answered: false,
+                    declared_bytes,
                 };
                 apply_names(&mut state, &req.names, true);
                 self.types.insert(req.type_key.clone(), state);
@@ -495,6 +549,25 @@ impl Engine {
     }
 }
 
+/// The longest resource name or declared version a request carries.
+fn longest_name(req: &Request) -> Option<usize> {
+    let names: Box<dyn Iterator<Item = &String>> = match &req.names {
+        Names::Unchanged => Box::new(std::iter::empty()),
+        Names::Replace(list) => Box::new(list.iter()),
+        Names::Delta {
+            subscribe,
+            unsubscribe,
+        } => Box::new(subscribe.iter().chain(unsubscribe)),
+    };
+    let declared = req.initial_versions.iter().flat_map(|(n, v)| [n, v]);
+    names.chain(declared).map(String::len).max()
+}
+
+/// Bytes of the names and versions a sink declares held.
+fn declared_bytes(versions: &BTreeMap<String, String>) -> usize {
+    versions.iter().map(|(n, v)| n.len() + v.len()).sum()
+}
+
 /// Applies a request's subscription change; `first` is the first request for the type on the
 /// stream (the only one that may subscribe to everything by naming nothing).
 fn apply_names(state: &mut TypeState, names: &Names, first: bool) {
@@ -505,13 +578,15 @@ fn apply_names(state: &mut TypeState, names: &Names, first: bool) {
             // everything to the sinks this serves, so explicit names are only kept when they
             // filter.
             let wildcard = list.is_empty() || list.iter().any(|n| n == "*");
+            let names: BTreeSet<String> = if wildcard {
+                BTreeSet::new()
+            } else {
+                list.iter().cloned().collect()
+            };
             let new = Subscription {
                 wildcard,
-                names: if wildcard {
-                    BTreeSet::new()
-                } else {
-                    list.iter().cloned().collect()
-                },
+                bytes: names.iter().map(String::len).sum(),
+                names,
             };
             if new != state.sub {
                 state.sub = new;
@@ -549,7 +624,9 @@ fn apply_delta(state: &mut TypeState, subscribe: &[String], unsubscribe: &[Strin
             state.sub.wildcard = true;
             continue;
         }
-        state.sub.names.insert(n.clone());
+        if state.sub.names.insert(n.clone()) {
+            state.sub.bytes += n.len();
+        }
         if !(first && known_has(&state.known, n)) {
             resend.insert(n);
         }
@@ -559,6 +636,7 @@ fn apply_delta(state: &mut TypeState, subscribe: &[String], unsubscribe: &[Strin
         if n == "*" {
             state.sub.wildcard = false;
         } else if state.sub.names.remove(n) {
+            state.sub.bytes -= n.len();
             dropped.push(n);
         }
         // Anything else is a phantom unsubscription: nothing to do.
@@ -658,6 +736,7 @@ mod tests {
             incremental: false,
             initial_versions: BTreeMap::new(),
             names: Names::Unchanged,
+            node_id_len: 0,
         }
     }
 
@@ -1146,6 +1225,7 @@ mod tests {
             max_types: 2,
             max_type_url_len: 40,
             max_names: 3,
+            ..StreamLimits::default()
         };
         let mut e = Engine::with_limits(Incremental::Always, served, limits);
         let long = "x".repeat(41);
@@ -1194,5 +1274,98 @@ mod tests {
         assert_eq!(fresh.names_held(), 0);
         assert!(fresh.types.is_empty(), "nor its type URL");
         assert_eq!(fresh.unserved.len(), 1);
+    }
+
+    /// #33: names, versions and node ids over their length, and a stream's bytes, are refused
+    /// before anything is applied; delta subscriptions add up in bytes across requests, and
+    /// names unsubscribed give their bytes back.
+    #[test]
+    fn long_strings_and_a_streams_bytes_are_checked() {
+        let limits = StreamLimits {
+            max_name_len: 16,
+            max_node_id_len: 8,
+            max_bytes: SE.len() + 40,
+            ..StreamLimits::default()
+        };
+        let mut e = Engine::with_limits(Incremental::Always, served, limits);
+        let mut req = delta_request("", &[&"n".repeat(17)], &[]);
+        assert_eq!(
+            e.check(&req),
+            Err(Refused::ResourceNameLength { len: 17, limit: 16 })
+        );
+        req.names = Names::Unchanged;
+        req.initial_versions = [("ns/a".to_string(), "v".repeat(20))].into();
+        assert_eq!(
+            e.check(&req),
+            Err(Refused::ResourceNameLength { len: 20, limit: 16 }),
+            "a declared version too"
+        );
+        let mut req = mk_request("other/A", "");
+        req.names = delta(&[], &[&"n".repeat(17)]);
+        assert!(
+            e.check(&req).is_err(),
+            "names of any type, unsubscribed too"
+        );
+        let mut req = mk_request(SE, "");
+        req.node_id_len = 9;
+        assert_eq!(
+            e.check(&req),
+            Err(Refused::NodeIdLength { len: 9, limit: 8 })
+        );
+
+        let ten = |p: &str| format!("ns/{p}-------")[..10].to_string();
+        let (a, b, c, d, x) = (ten("a"), ten("b"), ten("c"), ten("d"), ten("x"));
+        let req = delta_request("", &[&a, &b], &[]);
+        assert_eq!(e.check(&req), Ok(()));
+        e.on_request(req, None);
+        assert_eq!(e.bytes_held(), SE.len() + 20);
+        assert_eq!(
+            e.check(&delta_request("", &[&a, &c, &d], &[])),
+            Ok(()),
+            "a is held"
+        );
+        assert_eq!(
+            e.check(&delta_request("", &[&c, &d, &x], &[])),
+            Err(Refused::StreamBytes {
+                bytes: SE.len() + 50,
+                limit: SE.len() + 40
+            })
+        );
+        e.on_request(delta_request("", &[], &[&a]), None);
+        assert_eq!(e.bytes_held(), SE.len() + 10, "given back");
+        assert_eq!(e.check(&delta_request("", &[&c, &d, &x], &[])), Ok(()));
+
+        // Declared versions count until the first answer; SotW lists replace.
+        let mut fresh = Engine::with_limits(Incremental::Always, served, limits);
+        let mut req = mk_request(SE, "");
+        req.initial_versions = [
+            (a.clone(), "1234567890123456".to_string()),
+            (b.clone(), "vvvvv".into()),
+        ]
+        .into();
+        assert_eq!(e.check(&req), Ok(()), "an existing type keeps none");
+        assert_eq!(
+            fresh.check(&req),
+            Err(Refused::StreamBytes {
+                bytes: SE.len() + 41,
+                limit: SE.len() + 40
+            })
+        );
+        let mut sotw = Engine::with_limits(Incremental::Never, served, limits);
+        let mut req = mk_request(SE, "");
+        req.names = Names::Replace(vec![a.clone(), b.clone(), c.clone(), d.clone()]);
+        assert_eq!(sotw.check(&req), Ok(()));
+        sotw.on_request(req, None);
+        let mut req = mk_request(SE, "");
+        req.names = Names::Replace(
+            vec![x.clone(); 5]
+                .into_iter()
+                .enumerate()
+                .map(|(i, n)| format!("{i}{}", &n[1..]))
+                .collect(),
+        );
+        assert!(sotw.check(&req).is_err(), "50 bytes in place of 40");
+        fresh.on_request(mk_request("other/A", ""), None);
+        assert_eq!(fresh.bytes_held(), 0, "an unserved type keeps no URL");
     }
 }

@@ -265,7 +265,7 @@ async fn drive<P: Protocol>(
                         Ack::Ack => metrics.acks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc(),
                         Ack::Nack(reason) => {
                             metrics.nacks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc();
-                            tracing::warn!(protocol = P::PROTOCOL, %peer, type_url = %type_key, %reason, "Sink rejected a response.");
+                            limits.nacked(P::PROTOCOL, &peer, &type_key, reason);
                         }
                         Ack::Subscribe => tracing::debug!(protocol = P::PROTOCOL, %peer, type_url = %type_key, "Subscribed."),
                         Ack::Stale => tracing::debug!(protocol = P::PROTOCOL, %peer, type_url = %type_key, "Ignored a stale nonce."),
