@@ -486,3 +486,84 @@ async fn long_names_node_ids_and_stream_bytes_over_their_limits_end_the_stream()
     assert_eq!(refused(&a, "stream_bytes").await, 1.0);
     a.stop().await;
 }
+
+// #33: a sink that stops reading.
+
+/// A channel whose streams offer the server a 16-byte receive window: a stream whose responses
+/// are never read keeps it closed.
+async fn closed_window_channel(addr: SocketAddr) -> Channel {
+    tokio::time::timeout(
+        STEP,
+        Channel::from_shared(format!("http://{addr}"))
+            .expect("url")
+            .initial_stream_window_size(Some(16))
+            .connect(),
+    )
+    .await
+    .expect("connect timed out")
+    .expect("connect")
+}
+
+/// A SotW sink that asks for four types and ACKs the first two nonces (the server numbers them
+/// 1, 2, ...) without reading a byte: the server has more to send than the window, the
+/// response body and its one-slot channel take, so the stream's task waits to hand one over.
+async fn stuck_sink(
+    addr: SocketAddr,
+) -> (
+    mpsc::UnboundedSender<DiscoveryRequest>,
+    Streaming<DiscoveryResponse>,
+) {
+    let ch = closed_window_channel(addr).await;
+    let (tx, s) = sotw(ch, xds_req(SE_V1, "")).await.expect("opens");
+    for t in ["example.com/A", "example.com/B", "example.com/C"] {
+        tx.send(xds_req(t, "")).expect("send");
+    }
+    let mut ack = xds_req(SE_V1, "1");
+    tx.send(ack.clone()).expect("ack");
+    ack.type_url = "example.com/A".into();
+    ack.response_nonce = "2".into();
+    tx.send(ack).expect("ack");
+    (tx, s)
+}
+
+/// A stream stuck handing a response to a sink that stopped reading counts in
+/// `mcp_adapter_unacked_responses` once its oldest response is older than the threshold.
+#[tokio::test]
+async fn a_sink_that_stops_reading_counts_as_unacked() {
+    let a = start(|args| args.server.unacked_threshold = Duration::from_secs(1)).await;
+    let unacked = || sample(&a, "mcp_adapter_unacked_responses", "protocol=\"xds\"");
+    let (_tx, _s) = stuck_sink(a.grpc()).await;
+    wait_value(STEP, "the stuck stream counted", 1.0, unacked).await;
+    // The adapter's shutdown waits for its connections to close, and this one's stream is
+    // never finished: the sink leaves first.
+    drop((_tx, _s));
+    a.stop().await;
+}
+
+/// `--max-connection-age 1s` (grace 1s): a stream stuck handing a response to a sink that
+/// stopped reading ends when the age and the grace have passed, and its slot under
+/// `--max-streams 1` serves a new sink.
+#[tokio::test]
+async fn a_sink_that_stops_reading_gives_its_slot_back_at_max_connection_age() {
+    let a = start(|args| {
+        args.server.max_streams = 1;
+        args.server.max_connection_age = Duration::from_secs(1);
+        args.server.max_connection_age_grace = Duration::from_secs(1);
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    let (tx, stuck) = stuck_sink(a.grpc()).await;
+    let open = || sample(&a, "mcp_adapter_connected_sinks", "protocol=\"xds\"");
+    wait_value(STEP, "the stuck stream open", 1.0, open).await;
+    wait_value(2 * STEP, "the stuck stream ended", 0.0, open).await;
+    let freed = started.elapsed();
+    eprintln!("the slot was free after {freed:?}");
+    // Age and grace (2 s), not the 5 s a farewell to a full channel would wait on top.
+    assert!(freed < Duration::from_secs(5), "{freed:?}");
+    let ch = channel(a.grpc()).await;
+    let (_t, mut s) = sotw(ch, xds_req(SE_V1, "")).await.expect("opens");
+    let r = s.message().await.expect("served").expect("the set");
+    assert_eq!(r.resources.len(), 2);
+    drop((tx, stuck));
+    a.stop().await;
+}

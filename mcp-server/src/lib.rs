@@ -20,6 +20,7 @@ pub mod conn;
 pub mod engine;
 mod frames;
 mod grpc;
+mod handover;
 pub mod limits;
 pub mod metrics;
 mod protocol;
@@ -40,6 +41,7 @@ use tonic::{Status, Streaming};
 use crate::metrics::ServerMetrics;
 use conn::ConnLimiter;
 use engine::{Ack, Engine};
+use handover::{hand_over, until, Handed, Unacked};
 use limits::{NamesCharge, ServerLimits};
 use mcp_core::cache::Snapshot;
 use protocol::Protocol;
@@ -171,14 +173,6 @@ async fn farewell(tx: &mpsc::Sender<Sent>, status: Status, shutdown: &Cancellati
     }
 }
 
-/// Waits until `at`, or forever if `None`.
-async fn until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Runs one stream until the sink leaves, the stream breaks, a limit ends it, or shutdown.
 ///
 /// `accepted` is when its connection was accepted (`--max-connection-age` counts from it);
@@ -218,9 +212,10 @@ async fn drive<P: Protocol>(
     tokio::pin!(age_end);
     // This stream counts in `mcp_adapter_unacked_responses` while its oldest unacknowledged
     // response is older than `--unacked-threshold`; the timer fires when it would become so.
-    let unacked = metrics.unacked.with_label_values(&[P::PROTOCOL]);
-    let mut lagging: Option<SinkGauge> = None;
-    let mut unacked_due: Option<Instant> = None;
+    let mut unacked = Unacked::new(
+        metrics.unacked.with_label_values(&[P::PROTOCOL]),
+        limits.unacked_threshold,
+    );
     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink connected.");
     loop {
         let outgoing = tokio::select! {
@@ -234,7 +229,7 @@ async fn drive<P: Protocol>(
                 farewell(&tx, status, &ctx.shutdown).await;
                 return;
             }
-            () = until(unacked_due) => Vec::new(),
+            () = until(unacked.due()) => Vec::new(),
             msg = requests.message() => match msg {
                 Ok(Some(msg)) => {
                     if node.is_none() {
@@ -321,35 +316,36 @@ async fn drive<P: Protocol>(
             if let Some((_, bytes)) = &shard_push_bytes {
                 bytes.inc_by(resp.len() as u64);
             }
-            // A sink that stopped reading blocks this send; shutdown must not wait on it.
-            tokio::select! {
-                sent = tx.send(Ok(resp)) => if sent.is_err() {
+            // A sink that stopped reading blocks this send; shutdown, the connection's age and
+            // the unacked timer must not wait on it.
+            let oldest = engine.oldest_unacked();
+            match hand_over(
+                &tx,
+                resp,
+                &ctx.shutdown,
+                age_end.as_mut(),
+                &mut unacked,
+                oldest,
+            )
+            .await
+            {
+                Handed::Taken => {}
+                Handed::Gone => {
                     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");
                     return;
-                },
-                _ = ctx.shutdown.cancelled() => {
+                }
+                Handed::Shutdown => {
                     tracing::info!(protocol = P::PROTOCOL, %peer, "Shutting down with a response unsent (the sink stopped reading).");
+                    return;
+                }
+                Handed::Aged => {
+                    tracing::info!(protocol = P::PROTOCOL, %peer, "Ending a stream of a connection older than --max-connection-age whose sink stopped reading.");
                     return;
                 }
             }
         }
         // Lagging or not, and when it would start to.
-        unacked_due = None;
-        match engine
-            .oldest_unacked()
-            .map(|sent| Instant::from_std(sent) + limits.unacked_threshold)
-        {
-            Some(due) if due <= Instant::now() => {
-                if lagging.is_none() {
-                    unacked.inc();
-                    lagging = Some(SinkGauge(unacked.clone()));
-                }
-            }
-            due => {
-                lagging = None;
-                unacked_due = due;
-            }
-        }
+        unacked.update(engine.oldest_unacked());
     }
     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");
 }
