@@ -179,7 +179,7 @@ async fn farewell(tx: &mpsc::Sender<Sent>, status: Status, shutdown: &Cancellati
 /// `_slot` is its place under `--max-streams`, given back when it ends.
 async fn drive<P: Protocol>(
     mut requests: Streaming<P::Req>,
-    tx: mpsc::Sender<Sent>,
+    (tx, emptier): (mpsc::Sender<Sent>, response_body::Emptier),
     ctx: StreamContext,
     peer: String,
     accepted: Option<Instant>,
@@ -340,6 +340,7 @@ async fn drive<P: Protocol>(
                 }
                 Handed::Aged => {
                     tracing::info!(protocol = P::PROTOCOL, %peer, "Ending a stream of a connection older than --max-connection-age whose sink stopped reading.");
+                    emptier.empty(Status::unavailable("this connection is older than the adapter's --max-connection-age and the sink stopped reading"));
                     return;
                 }
             }
