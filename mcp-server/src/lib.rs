@@ -226,7 +226,9 @@ async fn drive<P: Protocol>(
                     "this connection is older than the adapter's --max-connection-age ({:?}): reconnect (a new connection may reach another replica)",
                     limits.max_connection_age.unwrap_or_default()
                 ));
-                farewell(&tx, status, &ctx.shutdown).await;
+                farewell(&tx, status.clone(), &ctx.shutdown).await;
+                // Handed to the body is not written: if the sink stopped reading, it never is.
+                emptier.empty_after(FAREWELL, status);
                 return;
             }
             () = until(unacked.due()) => Vec::new(),

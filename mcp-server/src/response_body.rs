@@ -12,6 +12,7 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
@@ -56,6 +57,21 @@ impl Emptier {
         inner.rx.close();
         while inner.rx.try_recv().is_ok() {}
         inner.status = Some(status);
+    }
+
+    /// [`Emptier::empty`] after `delay`, unless the body ended (and was dropped) by then: the
+    /// time a sink that still reads has to take what was handed over.
+    pub fn empty_after(self, delay: Duration, status: Status) {
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let ended = self
+                .0
+                .upgrade()
+                .is_none_or(|i| i.lock().unwrap_or_else(PoisonError::into_inner).ended);
+            if !ended {
+                self.empty(status);
+            }
+        });
     }
 }
 
@@ -201,5 +217,24 @@ mod tests {
             .expect("trailers");
         assert_eq!(trailers["grpc-status"], "14");
         assert!(body.is_end_stream());
+    }
+
+    /// A body not polled is emptied after the delay.
+    #[tokio::test]
+    async fn a_body_not_polled_is_emptied_after_the_delay() {
+        let held = [mk_entry("ns/a", "1")];
+        let (tx, rx) = mpsc::channel(1);
+        let body = ResponseBody::new(rx);
+        tx.send(Ok(response(&held))).await.expect("queued");
+        body.emptier()
+            .empty_after(Duration::from_millis(10), Status::unavailable("gave up"));
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while Arc::strong_count(&held[0]) > 1 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("emptied");
+        assert!(tx.is_closed());
     }
 }
