@@ -459,6 +459,7 @@ fn breakdown(n: usize) -> (Histogram<u64>, Histogram<u64>, Histogram<u64>) {
         error: None,
         incremental,
         initial_versions: Default::default(),
+        node_id_len: 0,
         names: if incremental {
             Names::Delta {
                 subscribe: vec![],

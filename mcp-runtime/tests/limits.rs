@@ -370,3 +370,200 @@ async fn unacknowledged_responses_are_counted_after_the_threshold() {
     drop(tx);
     a.stop().await;
 }
+
+// #33: long names, node ids and a stream's bytes.
+
+/// Waits up to `within` until `probe` gives `want`.
+async fn wait_value<F, Fut>(within: Duration, what: &str, want: f64, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = f64>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let got = probe().await;
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {got}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// With the default limits: a 1 MiB resource name, a 1 MiB node id and a 1 MiB declared
+/// version each end their stream with RESOURCE_EXHAUSTED naming the flag; delta subscriptions
+/// of names under the length limit add up in bytes across requests until `--max-stream-bytes`
+/// (16 MiB) ends the stream; a NACK with a 1 MiB detail is counted and the stream goes on.
+#[tokio::test]
+async fn long_names_node_ids_and_stream_bytes_over_their_limits_end_the_stream() {
+    let a = start(|_| {}).await;
+    let ch = channel(a.grpc()).await;
+    let huge = "n".repeat(1 << 20);
+
+    let mut req = xds_req(SE_V1, "");
+    req.resource_names = vec![format!("ns/{huge}")];
+    let (_t, mut s) = sotw(ch.clone(), req).await.expect("opens");
+    let status = ended(&mut s).await;
+    assert_refused(&status, "--max-resource-name-length");
+
+    let mut req = xds_req(SE_V1, "");
+    req.node = Some(envoy_types::pb::envoy::config::core::v3::Node {
+        id: huge.clone(),
+        ..Default::default()
+    });
+    let (_t, mut s) = sotw(ch.clone(), req).await.expect("opens");
+    assert_refused(&ended(&mut s).await, "--max-node-id-length");
+
+    // The first batch's answer reports its 9,000 names removed (none exists): 9 MB.
+    let mut c =
+        AggregatedDiscoveryServiceClient::new(ch.clone()).max_decoding_message_size(64 << 20);
+    let (dtx, drx) = mpsc::unbounded_channel();
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        initial_resource_versions: [("test/a".to_string(), huge.clone())].into(),
+        ..Default::default()
+    })
+    .expect("send");
+    let mut d = c
+        .delta_aggregated_resources(UnboundedReceiverStream::new(drx))
+        .await
+        .expect("opens")
+        .into_inner();
+    assert_refused(&ended(&mut d).await, "--max-resource-name-length");
+
+    // Two requests of 9,000 names of 1,000 bytes: 9 MB each is within every other limit.
+    let names = |batch: usize| -> Vec<String> {
+        (0..9000)
+            .map(|i| format!("ns/{batch}-{i:05}-{}", "x".repeat(990)))
+            .collect()
+    };
+    let (dtx, drx) = mpsc::unbounded_channel();
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        resource_names_subscribe: names(0),
+        ..Default::default()
+    })
+    .expect("send");
+    let mut d = c
+        .delta_aggregated_resources(UnboundedReceiverStream::new(drx))
+        .await
+        .expect("opens")
+        .into_inner();
+    let r = d.message().await.expect("ok").expect("the first batch");
+    dtx.send(DeltaDiscoveryRequest {
+        type_url: SE_V1.into(),
+        response_nonce: r.nonce,
+        resource_names_subscribe: names(1),
+        ..Default::default()
+    })
+    .expect("send");
+    let status = ended(&mut d).await;
+    assert_refused(&status, "--max-stream-bytes");
+
+    // A NACK of any length is counted, and the stream goes on.
+    let (tx, mut s) = sotw(ch.clone(), xds_req(SE_V1, "")).await.expect("opens");
+    let r = s.message().await.expect("ok").expect("the set");
+    let mut nack = xds_ack(&r);
+    nack.error_detail = Some(envoy_types::pb::google::rpc::Status {
+        code: 3,
+        message: huge.clone(),
+        ..Default::default()
+    });
+    tx.send(nack).expect("nack");
+    wait_value(STEP, "NACKs counted", 1.0, || {
+        sample(&a, "mcp_adapter_nacks_total", "protocol=\"xds\"")
+    })
+    .await;
+    tx.send(xds_req("example.com/A", "")).expect("send");
+    let r = s.message().await.expect("ok").expect("still served");
+    assert_eq!(r.type_url, "example.com/A");
+
+    assert_eq!(refused(&a, "resource_name_length").await, 2.0);
+    assert_eq!(refused(&a, "node_id_length").await, 1.0);
+    assert_eq!(refused(&a, "stream_bytes").await, 1.0);
+    a.stop().await;
+}
+
+// #33: a sink that stops reading.
+
+/// A channel whose streams offer the server a 16-byte receive window: a stream whose responses
+/// are never read keeps it closed.
+async fn closed_window_channel(addr: SocketAddr) -> Channel {
+    tokio::time::timeout(
+        STEP,
+        Channel::from_shared(format!("http://{addr}"))
+            .expect("url")
+            .initial_stream_window_size(Some(16))
+            .connect(),
+    )
+    .await
+    .expect("connect timed out")
+    .expect("connect")
+}
+
+/// A SotW sink that asks for four types and ACKs the first two nonces (the server numbers them
+/// 1, 2, ...) without reading a byte: the server has more to send than the window, the
+/// response body and its one-slot channel take, so the stream's task waits to hand one over.
+async fn stuck_sink(
+    addr: SocketAddr,
+) -> (
+    mpsc::UnboundedSender<DiscoveryRequest>,
+    Streaming<DiscoveryResponse>,
+) {
+    let ch = closed_window_channel(addr).await;
+    let (tx, s) = sotw(ch, xds_req(SE_V1, "")).await.expect("opens");
+    for t in ["example.com/A", "example.com/B", "example.com/C"] {
+        tx.send(xds_req(t, "")).expect("send");
+    }
+    let mut ack = xds_req(SE_V1, "1");
+    tx.send(ack.clone()).expect("ack");
+    ack.type_url = "example.com/A".into();
+    ack.response_nonce = "2".into();
+    tx.send(ack).expect("ack");
+    (tx, s)
+}
+
+/// A stream stuck handing a response to a sink that stopped reading counts in
+/// `mcp_adapter_unacked_responses` once its oldest response is older than the threshold.
+#[tokio::test]
+async fn a_sink_that_stops_reading_counts_as_unacked() {
+    let a = start(|args| args.server.unacked_threshold = Duration::from_secs(1)).await;
+    let unacked = || sample(&a, "mcp_adapter_unacked_responses", "protocol=\"xds\"");
+    let (_tx, _s) = stuck_sink(a.grpc()).await;
+    wait_value(STEP, "the stuck stream counted", 1.0, unacked).await;
+    // The adapter's shutdown waits for its connections to close, and this one's stream is
+    // never finished: the sink leaves first.
+    drop((_tx, _s));
+    a.stop().await;
+}
+
+/// `--max-connection-age 1s` (grace 1s): a stream stuck handing a response to a sink that
+/// stopped reading ends when the age and the grace have passed, and its slot under
+/// `--max-streams 1` serves a new sink.
+#[tokio::test]
+async fn a_sink_that_stops_reading_gives_its_slot_back_at_max_connection_age() {
+    let a = start(|args| {
+        args.server.max_streams = 1;
+        args.server.max_connection_age = Duration::from_secs(1);
+        args.server.max_connection_age_grace = Duration::from_secs(1);
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    let (tx, stuck) = stuck_sink(a.grpc()).await;
+    let open = || sample(&a, "mcp_adapter_connected_sinks", "protocol=\"xds\"");
+    wait_value(STEP, "the stuck stream open", 1.0, open).await;
+    wait_value(2 * STEP, "the stuck stream ended", 0.0, open).await;
+    let freed = started.elapsed();
+    eprintln!("the slot was free after {freed:?}");
+    // Age and grace (2 s), not the 5 s a farewell to a full channel would wait on top.
+    assert!(freed < Duration::from_secs(5), "{freed:?}");
+    let ch = channel(a.grpc()).await;
+    let (_t, mut s) = sotw(ch, xds_req(SE_V1, "")).await.expect("opens");
+    let r = s.message().await.expect("served").expect("the set");
+    assert_eq!(r.resources.len(), 2);
+    drop((tx, stuck));
+    a.stop().await;
+}

@@ -16,19 +16,24 @@
 //!   to what the sink acknowledged.
 //!
 //! What a stream holds is bounded ([`StreamLimits`], checked by [`Engine::check`] before a
-//! request is applied): at most so many types, type URLs of at most so many bytes, and per
-//! served type at most so many resource names (subscribed or declared held). A full-state type
-//! keeps no set at all between responses (only its version); an incremental one keeps what the
-//! sink holds and what it was sent, and once a newer set is published while it waits for an
-//! ACK, only their names and versions (see [`Known::forget_resources`]): a slow sink never keeps
-//! an old set's resources alive.
+//! request is applied): at most so many types, type URLs, resource names, versions and node ids
+//! of at most so many bytes each, per served type at most so many resource names (subscribed or
+//! declared held), and at most so many bytes of all the sink's strings it keeps together (delta
+//! subscriptions add up across requests: counting names alone lets long ones through). A
+//! full-state type keeps no set at all between responses (only its version); an incremental one
+//! keeps what the sink holds and what it was sent, and once a newer set is published while it
+//! waits for an ACK, only their names and versions (see [`Known::forget_resources`]): a slow
+//! sink never keeps an old set's resources alive.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::limits::{Refused, StreamLimits};
+use super::limits::StreamLimits;
 use mcp_core::cache::{diff, Entry, Known, Snapshot};
+
+mod bounds;
+use bounds::declared_bytes;
 
 /// When responses are incremental.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +77,9 @@ pub struct Request {
     pub initial_versions: BTreeMap<String, String>,
     /// Subscription change.
     pub names: Names,
+    /// Bytes of the node id the request carries (0 without one): only its length is checked
+    /// here, the id itself is logged clipped and never kept.
+    pub node_id_len: usize,
 }
 
 /// A response to send.
@@ -118,6 +126,8 @@ struct Subscription {
     /// Names subscribed explicitly (delta keeps them even while `wildcard` is set; SotW does not
     /// need to, as each request restates the whole list).
     names: BTreeSet<String>,
+    /// Bytes of `names`, kept as they change: `--max-stream-bytes` is checked on every request.
+    bytes: usize,
 }
 
 impl Subscription {
@@ -149,6 +159,9 @@ struct TypeState {
     dirty: bool,
     /// At least one response went out.
     answered: bool,
+    /// Bytes of the names and versions declared held on the first request; they count until
+    /// the first response replaces them with a shared set.
+    declared_bytes: usize,
 }
 
 /// The subscription state of one stream.
@@ -199,73 +212,6 @@ impl Engine {
             unserved: HashMap::new(),
             nonce: 0,
         }
-    }
-
-    /// Whether `req` keeps the stream within its limits; call it before [`Engine::on_request`]
-    /// and end the stream with the error's status if not (nothing was applied then).
-    pub fn check(&self, req: &Request) -> Result<(), Refused> {
-        let limits = &self.limits;
-        if req.type_key.len() > limits.max_type_url_len {
-            return Err(Refused::TypeUrlLength {
-                len: req.type_key.len(),
-                limit: limits.max_type_url_len,
-            });
-        }
-        let served = (self.served)(&req.type_key);
-        let state = self.types.get(&req.type_key);
-        let known = if served {
-            state.is_some()
-        } else {
-            self.unserved.contains_key(&type_hash(&req.type_key))
-        };
-        if !known && self.types.len() + self.unserved.len() >= limits.max_types {
-            return Err(Refused::TypesPerStream {
-                limit: limits.max_types,
-            });
-        }
-        if !served {
-            // Names of a type we do not serve are not kept.
-            return Ok(());
-        }
-        let held = state.map_or(0, |s| s.sub.names.len());
-        let count = match &req.names {
-            Names::Unchanged => 0,
-            Names::Replace(list) => list.len(),
-            Names::Delta { subscribe, .. } => {
-                let held_names = state.map(|s| &s.sub.names);
-                let new: BTreeSet<&str> = subscribe
-                    .iter()
-                    .map(String::as_str)
-                    .filter(|n| *n != "*" && !held_names.is_some_and(|h| h.contains(*n)))
-                    .collect();
-                held + new.len()
-            }
-        }
-        .max(req.initial_versions.len());
-        if count > limits.max_names {
-            return Err(Refused::ResourceNames {
-                type_url: req.type_key.clone(),
-                count,
-                limit: limits.max_names,
-            });
-        }
-        Ok(())
-    }
-
-    /// Resource names the sink made this stream hold: the names it subscribed to, and until its
-    /// first response the names it declared held (`initial_resource_versions`). What the
-    /// stream keeps of sets it was sent is the cache's data, bounded by the served set.
-    pub fn names_held(&self) -> usize {
-        self.types
-            .values()
-            .map(|s| {
-                let declared = match &s.known {
-                    Known::Versions(m) if !s.answered => m.len(),
-                    _ => 0,
-                };
-                s.sub.names.len() + declared
-            })
-            .sum()
     }
 
     /// When the oldest response still waiting for its ACK was sent.
@@ -394,6 +340,7 @@ impl Engine {
                     Incremental::IfRequested => req.incremental,
                     Incremental::Always => true,
                 };
+                let declared_bytes = declared_bytes(&req.initial_versions);
                 let known = if incremental && !req.initial_versions.is_empty() {
                     Known::Versions(req.initial_versions)
                 } else {
@@ -405,6 +352,7 @@ impl Engine {
                     sub: Subscription {
                         wildcard: true,
                         names: BTreeSet::new(),
+                        bytes: 0,
                     },
                     in_flight: None,
                     sent_at: None,
@@ -414,6 +362,7 @@ impl Engine {
                     nacked_version: None,
                     dirty: true,
                     answered: false,
+                    declared_bytes,
                 };
                 apply_names(&mut state, &req.names, true);
                 self.types.insert(req.type_key.clone(), state);
@@ -505,13 +454,15 @@ fn apply_names(state: &mut TypeState, names: &Names, first: bool) {
             // everything to the sinks this serves, so explicit names are only kept when they
             // filter.
             let wildcard = list.is_empty() || list.iter().any(|n| n == "*");
+            let names: BTreeSet<String> = if wildcard {
+                BTreeSet::new()
+            } else {
+                list.iter().cloned().collect()
+            };
             let new = Subscription {
                 wildcard,
-                names: if wildcard {
-                    BTreeSet::new()
-                } else {
-                    list.iter().cloned().collect()
-                },
+                bytes: names.iter().map(String::len).sum(),
+                names,
             };
             if new != state.sub {
                 state.sub = new;
@@ -549,7 +500,9 @@ fn apply_delta(state: &mut TypeState, subscribe: &[String], unsubscribe: &[Strin
             state.sub.wildcard = true;
             continue;
         }
-        state.sub.names.insert(n.clone());
+        if state.sub.names.insert(n.clone()) {
+            state.sub.bytes += n.len();
+        }
         if !(first && known_has(&state.known, n)) {
             resend.insert(n);
         }
@@ -559,6 +512,7 @@ fn apply_delta(state: &mut TypeState, subscribe: &[String], unsubscribe: &[Strin
         if n == "*" {
             state.sub.wildcard = false;
         } else if state.sub.names.remove(n) {
+            state.sub.bytes -= n.len();
             dropped.push(n);
         }
         // Anything else is a phantom unsubscription: nothing to do.
@@ -636,6 +590,7 @@ fn filtered(snapshot: &Arc<Snapshot>, sub: &Subscription) -> Arc<Snapshot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::Refused;
     use mcp_core::testing::mk_entry;
 
     const SE: &str = "networking.istio.io/v1/ServiceEntry";
@@ -658,6 +613,7 @@ mod tests {
             incremental: false,
             initial_versions: BTreeMap::new(),
             names: Names::Unchanged,
+            node_id_len: 0,
         }
     }
 
@@ -1146,6 +1102,7 @@ mod tests {
             max_types: 2,
             max_type_url_len: 40,
             max_names: 3,
+            ..StreamLimits::default()
         };
         let mut e = Engine::with_limits(Incremental::Always, served, limits);
         let long = "x".repeat(41);
@@ -1194,5 +1151,98 @@ mod tests {
         assert_eq!(fresh.names_held(), 0);
         assert!(fresh.types.is_empty(), "nor its type URL");
         assert_eq!(fresh.unserved.len(), 1);
+    }
+
+    /// #33: names, versions and node ids over their length, and a stream's bytes, are refused
+    /// before anything is applied; delta subscriptions add up in bytes across requests, and
+    /// names unsubscribed give their bytes back.
+    #[test]
+    fn long_strings_and_a_streams_bytes_are_checked() {
+        let limits = StreamLimits {
+            max_name_len: 16,
+            max_node_id_len: 8,
+            max_bytes: SE.len() + 40,
+            ..StreamLimits::default()
+        };
+        let mut e = Engine::with_limits(Incremental::Always, served, limits);
+        let mut req = delta_request("", &[&"n".repeat(17)], &[]);
+        assert_eq!(
+            e.check(&req),
+            Err(Refused::ResourceNameLength { len: 17, limit: 16 })
+        );
+        req.names = Names::Unchanged;
+        req.initial_versions = [("ns/a".to_string(), "v".repeat(20))].into();
+        assert_eq!(
+            e.check(&req),
+            Err(Refused::ResourceNameLength { len: 20, limit: 16 }),
+            "a declared version too"
+        );
+        let mut req = mk_request("other/A", "");
+        req.names = delta(&[], &[&"n".repeat(17)]);
+        assert!(
+            e.check(&req).is_err(),
+            "names of any type, unsubscribed too"
+        );
+        let mut req = mk_request(SE, "");
+        req.node_id_len = 9;
+        assert_eq!(
+            e.check(&req),
+            Err(Refused::NodeIdLength { len: 9, limit: 8 })
+        );
+
+        let ten = |p: &str| format!("ns/{p}-------")[..10].to_string();
+        let (a, b, c, d, x) = (ten("a"), ten("b"), ten("c"), ten("d"), ten("x"));
+        let req = delta_request("", &[&a, &b], &[]);
+        assert_eq!(e.check(&req), Ok(()));
+        e.on_request(req, None);
+        assert_eq!(e.bytes_held(), SE.len() + 20);
+        assert_eq!(
+            e.check(&delta_request("", &[&a, &c, &d], &[])),
+            Ok(()),
+            "a is held"
+        );
+        assert_eq!(
+            e.check(&delta_request("", &[&c, &d, &x], &[])),
+            Err(Refused::StreamBytes {
+                bytes: SE.len() + 50,
+                limit: SE.len() + 40
+            })
+        );
+        e.on_request(delta_request("", &[], &[&a]), None);
+        assert_eq!(e.bytes_held(), SE.len() + 10, "given back");
+        assert_eq!(e.check(&delta_request("", &[&c, &d, &x], &[])), Ok(()));
+
+        // Declared versions count until the first answer; SotW lists replace.
+        let mut fresh = Engine::with_limits(Incremental::Always, served, limits);
+        let mut req = mk_request(SE, "");
+        req.initial_versions = [
+            (a.clone(), "1234567890123456".to_string()),
+            (b.clone(), "vvvvv".into()),
+        ]
+        .into();
+        assert_eq!(e.check(&req), Ok(()), "an existing type keeps none");
+        assert_eq!(
+            fresh.check(&req),
+            Err(Refused::StreamBytes {
+                bytes: SE.len() + 41,
+                limit: SE.len() + 40
+            })
+        );
+        let mut sotw = Engine::with_limits(Incremental::Never, served, limits);
+        let mut req = mk_request(SE, "");
+        req.names = Names::Replace(vec![a.clone(), b.clone(), c.clone(), d.clone()]);
+        assert_eq!(sotw.check(&req), Ok(()));
+        sotw.on_request(req, None);
+        let mut req = mk_request(SE, "");
+        req.names = Names::Replace(
+            vec![x.clone(); 5]
+                .into_iter()
+                .enumerate()
+                .map(|(i, n)| format!("{i}{}", &n[1..]))
+                .collect(),
+        );
+        assert!(sotw.check(&req).is_err(), "50 bytes in place of 40");
+        fresh.on_request(mk_request("other/A", ""), None);
+        assert_eq!(fresh.bytes_held(), 0, "an unserved type keeps no URL");
     }
 }

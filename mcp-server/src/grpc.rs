@@ -160,8 +160,17 @@ fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body>
     // One slot: the engine keeps one response per type in flight, so a sink that stopped
     // reading holds the response being written and at most this one more.
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(drive::<P>(requests, tx, ctx.clone(), peer, accepted, slot));
-    let mut resp = Response::new(Body::new(ResponseBody::new(rx)));
+    let body = ResponseBody::new(rx);
+    let emptier = body.emptier();
+    tokio::spawn(drive::<P>(
+        requests,
+        (tx, emptier),
+        ctx.clone(),
+        peer,
+        accepted,
+        slot,
+    ));
+    let mut resp = Response::new(Body::new(body));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/grpc"),

@@ -20,6 +20,7 @@ pub mod conn;
 pub mod engine;
 mod frames;
 mod grpc;
+mod handover;
 pub mod limits;
 pub mod metrics;
 mod protocol;
@@ -40,6 +41,7 @@ use tonic::{Status, Streaming};
 use crate::metrics::ServerMetrics;
 use conn::ConnLimiter;
 use engine::{Ack, Engine};
+use handover::{hand_over, until, Handed, Unacked};
 use limits::{NamesCharge, ServerLimits};
 use mcp_core::cache::Snapshot;
 use protocol::Protocol;
@@ -171,21 +173,13 @@ async fn farewell(tx: &mpsc::Sender<Sent>, status: Status, shutdown: &Cancellati
     }
 }
 
-/// Waits until `at`, or forever if `None`.
-async fn until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Runs one stream until the sink leaves, the stream breaks, a limit ends it, or shutdown.
 ///
 /// `accepted` is when its connection was accepted (`--max-connection-age` counts from it);
 /// `_slot` is its place under `--max-streams`, given back when it ends.
 async fn drive<P: Protocol>(
     mut requests: Streaming<P::Req>,
-    tx: mpsc::Sender<Sent>,
+    (tx, emptier): (mpsc::Sender<Sent>, response_body::Emptier),
     ctx: StreamContext,
     peer: String,
     accepted: Option<Instant>,
@@ -218,9 +212,10 @@ async fn drive<P: Protocol>(
     tokio::pin!(age_end);
     // This stream counts in `mcp_adapter_unacked_responses` while its oldest unacknowledged
     // response is older than `--unacked-threshold`; the timer fires when it would become so.
-    let unacked = metrics.unacked.with_label_values(&[P::PROTOCOL]);
-    let mut lagging: Option<SinkGauge> = None;
-    let mut unacked_due: Option<Instant> = None;
+    let mut unacked = Unacked::new(
+        metrics.unacked.with_label_values(&[P::PROTOCOL]),
+        limits.unacked_threshold,
+    );
     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink connected.");
     loop {
         let outgoing = tokio::select! {
@@ -231,10 +226,12 @@ async fn drive<P: Protocol>(
                     "this connection is older than the adapter's --max-connection-age ({:?}): reconnect (a new connection may reach another replica)",
                     limits.max_connection_age.unwrap_or_default()
                 ));
-                farewell(&tx, status, &ctx.shutdown).await;
+                farewell(&tx, status.clone(), &ctx.shutdown).await;
+                // Handed to the body is not written: if the sink stopped reading, it never is.
+                emptier.empty_after(FAREWELL, status);
                 return;
             }
-            () = until(unacked_due) => Vec::new(),
+            () = until(unacked.due()) => Vec::new(),
             msg = requests.message() => match msg {
                 Ok(Some(msg)) => {
                     if node.is_none() {
@@ -265,7 +262,7 @@ async fn drive<P: Protocol>(
                         Ack::Ack => metrics.acks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc(),
                         Ack::Nack(reason) => {
                             metrics.nacks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc();
-                            tracing::warn!(protocol = P::PROTOCOL, %peer, type_url = %type_key, %reason, "Sink rejected a response.");
+                            limits.nacked(P::PROTOCOL, &peer, &type_key, reason);
                         }
                         Ack::Subscribe => tracing::debug!(protocol = P::PROTOCOL, %peer, type_url = %type_key, "Subscribed."),
                         Ack::Stale => tracing::debug!(protocol = P::PROTOCOL, %peer, type_url = %type_key, "Ignored a stale nonce."),
@@ -321,35 +318,37 @@ async fn drive<P: Protocol>(
             if let Some((_, bytes)) = &shard_push_bytes {
                 bytes.inc_by(resp.len() as u64);
             }
-            // A sink that stopped reading blocks this send; shutdown must not wait on it.
-            tokio::select! {
-                sent = tx.send(Ok(resp)) => if sent.is_err() {
+            // A sink that stopped reading blocks this send; shutdown, the connection's age and
+            // the unacked timer must not wait on it.
+            let oldest = engine.oldest_unacked();
+            match hand_over(
+                &tx,
+                resp,
+                &ctx.shutdown,
+                age_end.as_mut(),
+                &mut unacked,
+                oldest,
+            )
+            .await
+            {
+                Handed::Taken => {}
+                Handed::Gone => {
                     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");
                     return;
-                },
-                _ = ctx.shutdown.cancelled() => {
+                }
+                Handed::Shutdown => {
                     tracing::info!(protocol = P::PROTOCOL, %peer, "Shutting down with a response unsent (the sink stopped reading).");
+                    return;
+                }
+                Handed::Aged => {
+                    tracing::info!(protocol = P::PROTOCOL, %peer, "Ending a stream of a connection older than --max-connection-age whose sink stopped reading.");
+                    emptier.empty(Status::unavailable("this connection is older than the adapter's --max-connection-age and the sink stopped reading"));
                     return;
                 }
             }
         }
         // Lagging or not, and when it would start to.
-        unacked_due = None;
-        match engine
-            .oldest_unacked()
-            .map(|sent| Instant::from_std(sent) + limits.unacked_threshold)
-        {
-            Some(due) if due <= Instant::now() => {
-                if lagging.is_none() {
-                    unacked.inc();
-                    lagging = Some(SinkGauge(unacked.clone()));
-                }
-            }
-            due => {
-                lagging = None;
-                unacked_due = due;
-            }
-        }
+        unacked.update(engine.oldest_unacked());
     }
     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");
 }

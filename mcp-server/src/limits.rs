@@ -42,6 +42,19 @@ pub const UNACKED_THRESHOLD: Duration = Duration::from_secs(30);
 /// A refusal is logged at most this often per limit (every one is counted).
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
+// #33 stream bounds: what a sink's strings may cost. Real ones are small (a resource name is
+// `namespace/name`, at most 63 + 1 + 253 bytes; istiod's and Envoy's node ids are 100-300
+// bytes), so the defaults are several times those and only a hostile or broken peer meets them.
+/// Default `--max-resource-name-length`: three times the longest `namespace/name`.
+pub const MAX_RESOURCE_NAME_LENGTH: usize = 1024;
+/// Default `--max-node-id-length`.
+pub const MAX_NODE_ID_LENGTH: usize = 2048;
+/// Default `--max-stream-bytes`: `--max-resource-names` names of 64 bytes, and as much as
+/// `--max-request-size` lets one request declare.
+pub const MAX_STREAM_BYTES: usize = 16 << 20;
+/// Most bytes of a peer's string (node id, NACK detail, type URL) that a log line quotes.
+pub const LOGGED_TEXT_MAX: usize = 256;
+
 /// What one stream may hold (checked by [`super::engine::Engine::check`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamLimits {
@@ -52,6 +65,14 @@ pub struct StreamLimits {
     /// Resource names one served type may name on a stream (subscribed, or declared held in
     /// `initial_resource_versions`).
     pub max_names: usize,
+    // #33 stream bounds
+    /// Longest resource name (or declared version) a request may carry, in bytes.
+    pub max_name_len: usize,
+    /// Longest node id a request may carry, in bytes.
+    pub max_node_id_len: usize,
+    /// Bytes of the sink's strings one stream may hold: type URLs of served types, names
+    /// subscribed, names and versions declared held.
+    pub max_bytes: usize,
 }
 
 impl Default for StreamLimits {
@@ -60,6 +81,9 @@ impl Default for StreamLimits {
             max_types: MAX_TYPES_PER_STREAM,
             max_type_url_len: MAX_TYPE_URL_LENGTH,
             max_names: MAX_RESOURCE_NAMES,
+            max_name_len: MAX_RESOURCE_NAME_LENGTH,
+            max_node_id_len: MAX_NODE_ID_LENGTH,
+            max_bytes: MAX_STREAM_BYTES,
         }
     }
 }
@@ -117,6 +141,31 @@ pub enum Refused {
         /// The limit.
         limit: usize,
     },
+    // #33 stream bounds
+    /// A resource name (or declared version) over the length limit.
+    #[error("a resource name of {len} bytes is longer than this adapter's --max-resource-name-length of {limit} bytes")]
+    ResourceNameLength {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A node id over the length limit.
+    #[error("a node id of {len} bytes is longer than this adapter's --max-node-id-length of {limit} bytes")]
+    NodeIdLength {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A stream's names and type URLs over the byte budget.
+    #[error("this stream would hold {bytes} bytes of type URLs, resource names and versions, over this adapter's --max-stream-bytes of {limit}")]
+    StreamBytes {
+        /// What it would hold.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 impl Refused {
@@ -129,6 +178,9 @@ impl Refused {
             Refused::TypesPerStream { .. } => "types_per_stream",
             Refused::ResourceNames { .. } | Refused::ResourceNamesTotal { .. } => "resource_names",
             Refused::RequestSize { .. } => "request_size",
+            Refused::ResourceNameLength { .. } => "resource_name_length",
+            Refused::NodeIdLength { .. } => "node_id_length",
+            Refused::StreamBytes { .. } => "stream_bytes",
         }
     }
 
@@ -232,6 +284,19 @@ impl Default for ServerLimits {
             MAX_CONNECTION_AGE_GRACE,
             UNACKED_THRESHOLD,
         )
+    }
+}
+
+// #33 stream bounds
+impl ServerLimits {
+    /// Logs a sink's NACK, at most once every [`LOG_EVERY`] for all streams (a sink can NACK in
+    /// a loop; `mcp_adapter_nacks_total` counts every one), its peer-supplied texts clipped.
+    pub fn nacked(&self, protocol: &str, peer: &str, type_url: &str, reason: &str) {
+        if let Some(more) = self.log.due("nack") {
+            let type_url = mcp_core::clip::clip(type_url, LOGGED_TEXT_MAX);
+            let reason = mcp_core::clip::clip(reason, LOGGED_TEXT_MAX);
+            tracing::warn!(protocol, %peer, %type_url, %reason, nacks_since_last_log = more, "Sink rejected a response.");
+        }
     }
 }
 
@@ -351,6 +416,18 @@ mod tests {
             (
                 Refused::ResourceNamesTotal { limit: 4 },
                 "--max-resource-names",
+            ),
+            (
+                Refused::ResourceNameLength { len: 9, limit: 1 },
+                "--max-resource-name-length",
+            ),
+            (
+                Refused::NodeIdLength { len: 9, limit: 1 },
+                "--max-node-id-length",
+            ),
+            (
+                Refused::StreamBytes { bytes: 9, limit: 1 },
+                "--max-stream-bytes",
             ),
         ] {
             let status = r.status();

@@ -18,6 +18,8 @@ use proto::responses::{
 
 use super::engine::{Incremental, Names, Outgoing, Request};
 use super::frames::{Encoded, Wrap};
+use super::limits::LOGGED_TEXT_MAX;
+use mcp_core::clip::clip;
 
 /// Type URLs under which istiod asks for ServiceEntries over xDS (<= 1.23 v1alpha3, 1.24+ v1).
 pub const SERVICE_ENTRY_TYPE_URLS: [&str; 3] = [
@@ -37,12 +39,19 @@ fn legacy_served(t: &str) -> bool {
     t == SERVICE_ENTRY_COLLECTION || xds_served(t)
 }
 
+// A NACK's detail and a node id are the sink's own texts, of any length: they are clipped where
+// they are decoded, so that nothing kept or logged carries more than `LOGGED_TEXT_MAX` of them.
+
 fn nack(status: Option<&proto::google::rpc::Status>) -> Option<String> {
-    status.map(|s| format!("code {}: {}", s.code, s.message))
+    status.map(|s| format!("code {}: {}", s.code, clip(&s.message, LOGGED_TEXT_MAX)))
 }
 
 fn envoy_nack(status: Option<&envoy_types::pb::google::rpc::Status>) -> Option<String> {
-    status.map(|s| format!("code {}: {}", s.code, s.message))
+    status.map(|s| format!("code {}: {}", s.code, clip(&s.message, LOGGED_TEXT_MAX)))
+}
+
+fn node_id(id: Option<&str>) -> Option<String> {
+    id.map(|id| clip(id, LOGGED_TEXT_MAX).into_owned())
 }
 
 /// One RPC's message shapes.
@@ -59,7 +68,8 @@ pub trait Protocol: Send + 'static {
     fn served(type_key: &str) -> bool;
     /// Decodes a request.
     fn request(req: Self::Req) -> Request;
-    /// Node id of the sink, if the request names one.
+    /// Node id of the sink, if the request names one, clipped to [`LOGGED_TEXT_MAX`] (its
+    /// whole length is in [`Request::node_id_len`]).
     fn node(req: &Self::Req) -> Option<String>;
     /// Lays out a response.
     fn response(out: Outgoing) -> Encoded;
@@ -79,6 +89,7 @@ impl Protocol for Xds {
     }
     fn request(r: DiscoveryRequest) -> Request {
         Request {
+            node_id_len: r.node.as_ref().map_or(0, |n| n.id.len()),
             error: envoy_nack(r.error_detail.as_ref()),
             type_key: r.type_url,
             nonce: r.response_nonce,
@@ -88,7 +99,7 @@ impl Protocol for Xds {
         }
     }
     fn node(r: &DiscoveryRequest) -> Option<String> {
-        r.node.as_ref().map(|n| n.id.clone())
+        node_id(r.node.as_ref().map(|n| n.id.as_str()))
     }
     fn response(o: Outgoing) -> Encoded {
         Encoded::new(
@@ -121,6 +132,7 @@ impl Protocol for Delta {
     }
     fn request(r: DeltaDiscoveryRequest) -> Request {
         Request {
+            node_id_len: r.node.as_ref().map_or(0, |n| n.id.len()),
             error: envoy_nack(r.error_detail.as_ref()),
             type_key: r.type_url,
             nonce: r.response_nonce,
@@ -133,7 +145,7 @@ impl Protocol for Delta {
         }
     }
     fn node(r: &DeltaDiscoveryRequest) -> Option<String> {
-        r.node.as_ref().map(|n| n.id.clone())
+        node_id(r.node.as_ref().map(|n| n.id.as_str()))
     }
     fn response(o: Outgoing) -> Encoded {
         Encoded::new(
@@ -166,6 +178,7 @@ impl Protocol for Legacy {
     }
     fn request(r: RequestResources) -> Request {
         Request {
+            node_id_len: r.sink_node.as_ref().map_or(0, |n| n.id.len()),
             error: nack(r.error_detail.as_ref()),
             type_key: r.collection,
             nonce: r.response_nonce,
@@ -175,7 +188,7 @@ impl Protocol for Legacy {
         }
     }
     fn node(r: &RequestResources) -> Option<String> {
-        r.sink_node.as_ref().map(|n| n.id.clone())
+        node_id(r.sink_node.as_ref().map(|n| n.id.as_str()))
     }
     fn response(o: Outgoing) -> Encoded {
         Encoded::new(
@@ -211,6 +224,7 @@ impl Protocol for MeshSotw {
     }
     fn request(r: MeshConfigRequest) -> Request {
         Request {
+            node_id_len: r.sink_node.as_ref().map_or(0, |n| n.id.len()),
             error: nack(r.error_detail.as_ref()),
             type_key: r.type_url,
             nonce: r.response_nonce,
@@ -220,7 +234,7 @@ impl Protocol for MeshSotw {
         }
     }
     fn node(r: &MeshConfigRequest) -> Option<String> {
-        r.sink_node.as_ref().map(|n| n.id.clone())
+        node_id(r.sink_node.as_ref().map(|n| n.id.as_str()))
     }
     fn response(o: Outgoing) -> Encoded {
         Encoded::new(
@@ -253,6 +267,7 @@ impl Protocol for MeshIncremental {
     }
     fn request(r: IncrementalMeshConfigRequest) -> Request {
         Request {
+            node_id_len: r.sink_node.as_ref().map_or(0, |n| n.id.len()),
             error: nack(r.error_detail.as_ref()),
             type_key: r.type_url,
             nonce: r.response_nonce,
@@ -262,7 +277,7 @@ impl Protocol for MeshIncremental {
         }
     }
     fn node(r: &IncrementalMeshConfigRequest) -> Option<String> {
-        r.sink_node.as_ref().map(|n| n.id.clone())
+        node_id(r.sink_node.as_ref().map(|n| n.id.as_str()))
     }
     fn response(o: Outgoing) -> Encoded {
         Encoded::new(

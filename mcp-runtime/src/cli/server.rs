@@ -10,6 +10,8 @@ use mcp_server::limits::{
     ServerLimits, StreamLimits, MAX_CONNECTIONS, MAX_REQUEST_SIZE, MAX_RESOURCE_NAMES, MAX_STREAMS,
     MAX_STREAMS_PER_CONNECTION, MAX_TYPES_PER_STREAM, MAX_TYPE_URL_LENGTH,
 };
+// #33 stream bounds
+use mcp_server::limits::{MAX_NODE_ID_LENGTH, MAX_RESOURCE_NAME_LENGTH, MAX_STREAM_BYTES};
 
 /// Flags of the gRPC server's limits.
 #[derive(Clone, Debug, clap::Args)]
@@ -67,6 +69,20 @@ pub struct ServerArgs {
     /// `mcp_adapter_unacked_responses` (a sink that stopped ACKing, or lags behind).
     #[arg(long, env = "MCP_UNACKED_THRESHOLD", default_value = "30s", value_parser = parse::duration)]
     pub unacked_threshold: Duration,
+
+    // #33 stream bounds
+    /// Longest resource name (or version declared held) a sink may send, in bytes.
+    #[arg(long, env = "MCP_MAX_RESOURCE_NAME_LENGTH", default_value_t = MAX_RESOURCE_NAME_LENGTH, value_parser = positive)]
+    pub max_resource_name_length: usize,
+
+    /// Longest node id a sink may send, in bytes.
+    #[arg(long, env = "MCP_MAX_NODE_ID_LENGTH", default_value_t = MAX_NODE_ID_LENGTH, value_parser = positive)]
+    pub max_node_id_length: usize,
+
+    /// Most bytes of type URLs, resource names and declared versions one stream may make the
+    /// adapter hold (delta subscriptions add up across requests); bytes or KiB/MiB/GiB.
+    #[arg(long, env = "MCP_MAX_STREAM_BYTES", default_value_t = MAX_STREAM_BYTES, value_parser = stream_bytes)]
+    pub max_stream_bytes: usize,
 }
 
 impl ServerArgs {
@@ -77,6 +93,9 @@ impl ServerArgs {
                 max_types: self.max_types_per_stream,
                 max_type_url_len: self.max_type_url_length,
                 max_names: self.max_resource_names,
+                max_name_len: self.max_resource_name_length,
+                max_node_id_len: self.max_node_id_length,
+                max_bytes: self.max_stream_bytes,
             },
             self.max_connections,
             self.max_streams,
@@ -104,6 +123,16 @@ fn request_size(s: &str) -> Result<usize, String> {
         .ok()
         .filter(|n: &usize| (1024..=1 << 30).contains(n))
         .ok_or_else(|| format!("invalid size {s:?}: must be between 1KiB and 1GiB"))
+}
+
+// #33 stream bounds
+/// `--max-stream-bytes`: a byte count ([`parse::size`]) above 0 that fits in memory.
+fn stream_bytes(s: &str) -> Result<usize, String> {
+    parse::size(s)?
+        .try_into()
+        .ok()
+        .filter(|n: &usize| (1..=1 << 30).contains(n))
+        .ok_or_else(|| format!("invalid size {s:?}: must be between 1 and 1GiB"))
 }
 
 /// `--max-connection-age-grace`: a duration of at least 1 s, so that the GOAWAY always
@@ -162,6 +191,9 @@ mod tests {
             &["--max-request-size", "100"],
             &["--max-connection-age-grace", "500ms"],
             &["--unacked-threshold", "30"],
+            &["--max-resource-name-length", "0"],
+            &["--max-node-id-length", "x"],
+            &["--max-stream-bytes", "0"],
         ] {
             let e = parse(bad).expect_err(bad[0]);
             let flag = bad[0].split('=').next().unwrap_or_default();
