@@ -33,6 +33,21 @@ const SHARED_LISTENER_PROTOCOLS: [&str; 7] = [
     "TLS",
 ];
 
+/// A range that cannot serve as asked.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum VipError {
+    /// `--shard INDEX/COUNT` with the default range: the part would hold no address.
+    #[error("--shard {index}/{count}: the default --vip-cidr {range} cannot be split {count} ways (each part at most a /30); give each shard process its own --vip-cidr")]
+    TooManyParts {
+        /// The range to split.
+        range: VipCidr,
+        /// The shard.
+        index: u64,
+        /// Of how many.
+        count: u64,
+    },
+}
+
 /// `--vip-cidr`: the range virtual IPs come from, or off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VipCidr {
@@ -54,6 +69,37 @@ impl VipCidr {
             base: Ipv4Addr::new(a, b, c, d),
             prefix,
         }
+    }
+
+    /// Part `index` of `count` of this range (`--shard INDEX/COUNT` with the default range):
+    /// the range split into the next power of two of `count` equal CIDR blocks, block `index`.
+    /// CIDR blocks so the part displays and configures as a range of its own; a count that is
+    /// not a power of two leaves the last blocks unused.
+    pub fn part(self, index: u64, count: u64) -> Result<Self, VipError> {
+        let Self::Range { base, prefix } = self else {
+            return Ok(self);
+        };
+        let bits = count.max(1).next_power_of_two().trailing_zeros();
+        let sub = u32::from(prefix) + bits;
+        if sub > 30 || index >= count {
+            return Err(VipError::TooManyParts {
+                range: self,
+                index,
+                count,
+            });
+        }
+        let start = u32::from(base) + (u32::try_from(index).unwrap_or(0) << (32 - sub));
+        Ok(Self::Range {
+            base: Ipv4Addr::from(start),
+            prefix: sub as u8,
+        })
+    }
+
+    /// The address `key` gets from this range when no other service contests its slot (its
+    /// home); `None` when off. For tests and tools that need to know which keys collide.
+    pub fn home_address(self, key: &ServiceKey) -> Option<Ipv4Addr> {
+        let (first, count) = self.slots()?;
+        Some(Ipv4Addr::from(first + home_slot(key, count)))
     }
 
     /// Usable addresses (network and broadcast addresses left out) as (first, count).
@@ -360,6 +406,37 @@ mod tests {
         assert!("242.3.0.1/16".parse::<VipCidr>().is_err());
         assert!("242.3.0.0/31".parse::<VipCidr>().is_err());
         assert!("fd00::/64".parse::<VipCidr>().is_err());
+    }
+
+    /// #33 item 6: `--shard i/n` processes each allocate from their own part of the range.
+    #[test]
+    fn parts_of_a_range_are_disjoint_cidr_blocks() {
+        let r = VipCidr::range(242, 1, 0, 0, 16);
+        assert_eq!(r.part(0, 1), Ok(r));
+        assert_eq!(r.part(0, 2), Ok(VipCidr::range(242, 1, 0, 0, 17)));
+        assert_eq!(r.part(1, 2), Ok(VipCidr::range(242, 1, 128, 0, 17)));
+        assert_eq!(r.part(2, 3), Ok(VipCidr::range(242, 1, 128, 0, 18)));
+        assert_eq!(r.part(63, 64), Ok(VipCidr::range(242, 1, 252, 0, 22)));
+        assert_eq!(
+            r.part(0, 1 << 14).map(|p| p.to_string()),
+            Ok("242.1.0.0/30".into())
+        );
+        assert!(r.part(0, (1 << 14) + 1).is_err());
+        assert!(r.part(2, 2).is_err());
+        assert_eq!(VipCidr::Off.part(1, 2), Ok(VipCidr::Off));
+        for n in 1..=9u64 {
+            let mut seen = BTreeSet::new();
+            for i in 0..n {
+                let Ok(VipCidr::Range { base, prefix }) = r.part(i, n) else {
+                    panic!("{i}/{n}")
+                };
+                let size = 1u32 << (32 - u32::from(prefix));
+                for a in [u32::from(base), u32::from(base) + size - 1] {
+                    assert!(seen.insert(a), "{i}/{n} overlaps");
+                    assert_eq!(Ipv4Addr::from(a).octets()[..2], [242, 1]);
+                }
+            }
+        }
     }
 
     #[test]
