@@ -12,15 +12,25 @@
 //! (a stable hash of its key); of those wanting one slot the older keeps it and the younger takes
 //! the next free one. So a service registered after those served never moves one of them; only
 //! the leave (or re-dating) of an older service in the same run of taken slots can move a younger
-//! one, towards its home. Keeping addresses through that too would need history, which replicas
-//! do not share: agreement wins (ARCHITECTURE.md, "Virtual IPs").
+//! one, towards its home. That placement is what replicas agree on; what is served follows it
+//! only as fast as a quarantine allows ([`hold`]): an address a service let go of goes to no
+//! other service for `--vip-quarantine`, so a re-dating never hands a live service's address to
+//! another (ARCHITECTURE.md, "Virtual IPs").
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
+use std::time::{Duration, Instant};
 
 use crate::model::{CreationOrder, Resolution, Service, ServiceKey};
+
+mod hold;
+
+/// `--vip-quarantine` default: how long a slot a service stopped holding is kept from every
+/// other service. Long enough for what clients cache an address for (DNS caches of 30-60 s,
+/// the sidecars' own config update), short enough that replicas agree again soon after.
+pub const DEFAULT_QUARANTINE: Duration = Duration::from_secs(300);
 
 /// Protocols whose ports share a `0.0.0.0:<port>` listener safely (routed by Host header or SNI).
 const SHARED_LISTENER_PROTOCOLS: [&str; 7] = [
@@ -191,18 +201,48 @@ struct Member {
 pub struct Vips {
     cidr: VipCidr,
     members: HashMap<ServiceKey, Member>,
-    /// Slot -> the member holding it.
+    /// Slot -> the member placed in it.
     holders: HashMap<u32, ServiceKey>,
+    /// Members whose placed slot changed since the last [`Vips::settle`].
+    moved: BTreeSet<ServiceKey>,
+    /// What is served: the placement, held back by the quarantine of freed slots.
+    hold: hold::Hold,
 }
 
 impl Vips {
-    /// Allocates from `cidr`.
+    /// Allocates from `cidr`, serving the placement at once (no quarantine: see
+    /// [`Vips::set_quarantine`]).
     pub fn new(cidr: VipCidr) -> Self {
         Self {
             cidr,
             members: HashMap::new(),
             holders: HashMap::new(),
+            moved: BTreeSet::new(),
+            hold: hold::Hold::new(Duration::ZERO),
         }
+    }
+
+    /// How long a freed slot is kept from every other service (`--vip-quarantine`; zero
+    /// serves the placement at once, trading two services' addresses when they swap places).
+    pub fn set_quarantine(&mut self, quarantine: Duration) {
+        self.hold.set_quarantine(quarantine);
+    }
+
+    /// Serves the placement as far as the quarantine allows at `now`; adds to `changed` every
+    /// key whose served address changed. Call after [`Vips::set`]s, and at
+    /// [`Vips::next_deadline`].
+    pub fn settle(&mut self, now: Instant, changed: &mut BTreeSet<ServiceKey>) {
+        let Some((_, count)) = self.cidr.slots() else {
+            return;
+        };
+        let work = std::mem::take(&mut self.moved);
+        self.hold
+            .settle(&self.members, &self.holders, count, work, now, changed);
+    }
+
+    /// When a service waiting for a quarantined slot may move (call [`Vips::settle`] then).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.hold.next_deadline()
     }
 
     /// Whether allocation is on.
@@ -211,14 +251,9 @@ impl Vips {
     }
 
     /// Records whether `key` needs an address (`Some`, with the registry's creation order of
-    /// the service, if any) or not (`None`); adds to `changed` every key whose address changed
-    /// (`key` itself included). True if membership or order changed.
-    pub fn set(
-        &mut self,
-        key: &ServiceKey,
-        want: Option<Option<CreationOrder>>,
-        changed: &mut BTreeSet<ServiceKey>,
-    ) -> bool {
+    /// the service, if any) or not (`None`); what is served changes at [`Vips::settle`]. True
+    /// if membership or order changed.
+    pub fn set(&mut self, key: &ServiceKey, want: Option<Option<CreationOrder>>) -> bool {
         let Some((_, count)) = self.cidr.slots() else {
             return false;
         };
@@ -227,6 +262,20 @@ impl Vips {
             (Some(m), Some(order)) if m.order == order => return false,
             _ => {}
         }
+        let mut moved = std::mem::take(&mut self.moved);
+        self.place_key(key, want, count, &mut moved);
+        self.moved = moved;
+        true
+    }
+
+    /// [`Vips::set`]'s placement: adds to `changed` every key whose placed slot changed.
+    fn place_key(
+        &mut self,
+        key: &ServiceKey,
+        want: Option<Option<CreationOrder>>,
+        count: u32,
+        changed: &mut BTreeSet<ServiceKey>,
+    ) {
         let before = self.members.len();
         let old = self.members.remove(key);
         let after = self.members.len() + usize::from(want.is_some());
@@ -243,7 +292,7 @@ impl Vips {
                 changed.insert(key.clone());
             }
             self.place_all(count, changed);
-            return true;
+            return;
         }
         if let Some(slot) = old.and_then(|m| m.slot) {
             self.holders.remove(&slot);
@@ -265,7 +314,6 @@ impl Vips {
             run.push(key.clone());
             self.place(run, count, changed);
         }
-        true
     }
 
     /// Frees the runs on both sides of the free slot `slot` (the run a slot filled there
@@ -344,10 +392,10 @@ impl Vips {
         }
     }
 
-    /// The address of `key`, if it has one.
+    /// The address served for `key`, if it has one.
     pub fn get(&self, key: &ServiceKey) -> Option<Ipv4Addr> {
         let (first, _) = self.cidr.slots()?;
-        let slot = self.members.get(key)?.slot?;
+        let slot = self.hold.get(key)?;
         Some(Ipv4Addr::from(first + slot))
     }
 
@@ -479,8 +527,9 @@ mod tests {
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
         for i in order {
-            v.set(&members[i].0, Some(members[i].1), &mut BTreeSet::new());
+            v.set(&members[i].0, Some(members[i].1));
         }
+        v.settle(Instant::now(), &mut BTreeSet::new());
         v
     }
 
@@ -507,8 +556,9 @@ mod tests {
         for n in 0..450u64 {
             let i = (n * 7919) % 1000;
             let k = key(i);
+            assert!(v.set(&k, created(n)));
             let mut changed = BTreeSet::new();
-            assert!(v.set(&k, created(n), &mut changed));
+            v.settle(Instant::now(), &mut changed);
             assert_eq!(
                 changed,
                 BTreeSet::from([k.clone()]),
@@ -572,8 +622,9 @@ mod tests {
                 && current.len() < 29;
             let before: BTreeMap<ServiceKey, Option<Ipv4Addr>> =
                 current.keys().map(|k| (k.clone(), v.get(k))).collect();
+            v.set(&k, want);
             let mut changed = BTreeSet::new();
-            v.set(&k, want, &mut changed);
+            v.settle(Instant::now(), &mut changed);
             match want {
                 Some(order) => current.insert(k.clone(), order),
                 None => current.remove(&k),
@@ -603,12 +654,14 @@ mod tests {
         let mut changed = BTreeSet::new();
         // "a" is the youngest though it sorts first.
         for (n, i) in [("b", 1), ("c", 2), ("a", 3)] {
-            v.set(&ServiceKey::new(n), created(i), &mut changed);
+            v.set(&ServiceKey::new(n), created(i));
         }
+        v.settle(Instant::now(), &mut changed);
         assert_eq!(v.unassigned(), vec![ServiceKey::new("a")]);
         let b = v.get(&ServiceKey::new("b"));
         changed.clear();
-        v.set(&ServiceKey::new("c"), None, &mut changed);
+        v.set(&ServiceKey::new("c"), None);
+        v.settle(Instant::now(), &mut changed);
         assert!(changed.contains(&ServiceKey::new("c")));
         assert!(changed.contains(&ServiceKey::new("a")));
         assert_eq!(v.get(&ServiceKey::new("b")), b, "b stays");
