@@ -77,6 +77,13 @@ pub struct CommonArgs {
     #[arg(long, env = "MCP_VIP_CIDR")]
     pub vip_cidr: Option<VipCidr>,
 
+    /// How long a virtual IP a service stopped holding (it left, or moved) is kept from every
+    /// other service, so a client that cached it never reaches another service there; a service
+    /// waiting for such an address keeps its own meanwhile. `0` moves at once (replicas agree
+    /// at every moment, but two colliding services can trade addresses).
+    #[arg(long, env = "MCP_VIP_QUARANTINE", default_value = "5m", value_parser = parse::duration)]
+    pub vip_quarantine: Duration,
+
     /// File that keeps the last served set: written at every change, served at startup until
     /// the registry answers (so a restart during a registry outage serves the last good state).
     #[arg(long, env = "MCP_STATE_FILE")]
@@ -358,5 +365,17 @@ mod tests {
         }
         let e = parse(&["--shards", "2", "--shard", "0/2"]).expect_err("both");
         assert!(e.contains("cannot be used with"), "{e}");
+    }
+
+    #[test]
+    fn vip_quarantine_is_five_minutes_unless_given() {
+        assert_eq!(
+            parse(&[]).map(|a| a.vip_quarantine),
+            Ok(mcp_core::vip::DEFAULT_QUARANTINE)
+        );
+        assert_eq!(
+            parse(&["--vip-quarantine", "0"]).map(|a| a.vip_quarantine),
+            Ok(Duration::ZERO)
+        );
     }
 }

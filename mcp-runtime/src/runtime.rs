@@ -296,7 +296,11 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
 
     let mut tasks = JoinSet::new();
     let writer = Writer {
-        index: Index::with_shards(cfg, metrics.clone(), shards),
+        index: {
+            let mut index = Index::with_shards(cfg, metrics.clone(), shards);
+            index.set_vip_quarantine(args.vip_quarantine);
+            index
+        },
         snapshots: snap_txs,
         status: status.clone(),
         metrics: metrics.clone(),
