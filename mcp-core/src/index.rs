@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::cache::{encode, Change, Entry, Snapshot};
 use crate::metrics::Metrics;
@@ -169,9 +170,13 @@ impl Index {
         }
     }
 
-    /// Whether events wait for a flush.
+    /// Whether events wait for a flush, or a virtual IP's quarantine ended (a service waiting
+    /// for the address may move).
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
+            || self
+                .next_vip_deadline()
+                .is_some_and(|d| d <= Instant::now())
     }
 
     /// Translates pending changes; returns the new snapshot if the served set changed (always
@@ -286,6 +291,17 @@ impl Index {
             && s.endpoints.is_empty()
     }
 
+    /// How long an address a service stopped holding is kept from every other service
+    /// (`--vip-quarantine`; zero, the default here, serves the placement at once).
+    pub fn set_vip_quarantine(&mut self, quarantine: std::time::Duration) {
+        self.vips.set_quarantine(quarantine);
+    }
+
+    /// When a service waiting for a quarantined address may get it: flush then.
+    pub fn next_vip_deadline(&self) -> Option<Instant> {
+        self.vips.next_deadline()
+    }
+
     /// Tracks which pending services need a virtual IP (and their registry creation order);
     /// returns the other services whose address moved, to rewrite.
     fn allocate_vips(
@@ -302,8 +318,11 @@ impl Index {
                 .as_ref()
                 .filter(|s| needs_vip(s))
                 .map(|s| s.creation_order);
-            membership_changed |= self.vips.set(key, want, &mut changed);
+            membership_changed |= self.vips.set(key, want);
         }
+        // Also when nothing is pending: a quarantine may have ended (the runtime flushes at
+        // `next_vip_deadline`).
+        self.vips.settle(Instant::now(), &mut changed);
         changed.retain(|k| !pending.contains_key(k));
         if !membership_changed {
             return changed;
@@ -551,6 +570,70 @@ mod tests {
             crate::translate::test_config(on_empty, crate::vip::VipCidr::Off),
             Metrics::new("test").expect("metrics"),
         )
+    }
+
+    /// #33 item 5 through the index: two TCP services with one home address, the older one
+    /// re-dated (a rolling deploy replaced its instances). Neither is ever served at the
+    /// address the other held; at the deadlines the index names, they settle where a replica
+    /// started then serves them.
+    #[test]
+    fn a_redated_service_never_gets_its_rivals_address() {
+        let cidr = crate::vip::VipCidr::range(242, 9, 0, 0, 27); // 30 usable addresses
+        let mk = |quarantine| {
+            let mut idx = Index::new(
+                crate::translate::test_config(OnEmpty::Keep, cidr),
+                Metrics::new("test").expect("metrics"),
+            );
+            idx.set_vip_quarantine(quarantine);
+            idx
+        };
+        let tcp = |name: &str, order: u64| {
+            let mut s = mk_service(name, "10.0.0.1");
+            s.ports[0].protocol = Some("TCP".into());
+            s.ports[0].name = "tcp".into();
+            s.creation_order = Some(crate::model::CreationOrder::new(order));
+            s
+        };
+        let mut homes = HashMap::new();
+        let (a, b) = (0..)
+            .find_map(|i| {
+                let name = format!("s{i}");
+                let home = cidr.home_address(&ServiceKey::new(name.clone()));
+                homes.insert(home, name.clone()).map(|other| (other, name))
+            })
+            .expect("a collision");
+        let (ka, kb) = (ServiceKey::new(a.clone()), ServiceKey::new(b.clone()));
+        let mut idx = mk(std::time::Duration::from_millis(200));
+        idx.apply(RegistryEvent::Reset(vec![tcp(&a, 1), tcp(&b, 2)]));
+        idx.flush().expect("first");
+        let mut prev = (idx.vips.get(&ka), idx.vips.get(&kb));
+        assert!(prev.0.is_some() && prev.1.is_some());
+        idx.apply(RegistryEvent::Upsert(tcp(&a, 3)));
+        idx.flush();
+        let mut steps = 0;
+        loop {
+            let now = (idx.vips.get(&ka), idx.vips.get(&kb));
+            assert!(now.0 != prev.1 && now.1 != prev.0, "{prev:?} -> {now:?}");
+            prev = now;
+            let Some(deadline) = idx.next_vip_deadline() else {
+                break;
+            };
+            steps += 1;
+            assert!(steps < 10, "never settles");
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            assert!(
+                idx.has_pending(),
+                "a quarantine's end is work for the writer"
+            );
+            idx.flush();
+        }
+        assert!(steps >= 2, "a swap takes two quarantines");
+        let mut fresh = mk(std::time::Duration::ZERO);
+        fresh.apply(RegistryEvent::Reset(vec![tcp(&a, 3), tcp(&b, 2)]));
+        let fresh = fresh.flush().expect("first");
+        let served = idx.snapshots[0].clone().expect("published");
+        assert!(served.iter().eq(fresh.iter()), "settled as a fresh replica");
+        assert_eq!(served.version, fresh.version);
     }
 
     #[test]

@@ -12,15 +12,25 @@
 //! (a stable hash of its key); of those wanting one slot the older keeps it and the younger takes
 //! the next free one. So a service registered after those served never moves one of them; only
 //! the leave (or re-dating) of an older service in the same run of taken slots can move a younger
-//! one, towards its home. Keeping addresses through that too would need history, which replicas
-//! do not share: agreement wins (ARCHITECTURE.md, "Virtual IPs").
+//! one, towards its home. That placement is what replicas agree on; what is served follows it
+//! only as fast as a quarantine allows ([`hold`]): an address a service let go of goes to no
+//! other service for `--vip-quarantine`, so a re-dating never hands a live service's address to
+//! another (ARCHITECTURE.md, "Virtual IPs").
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
+use std::time::{Duration, Instant};
 
 use crate::model::{CreationOrder, Resolution, Service, ServiceKey};
+
+mod hold;
+
+/// `--vip-quarantine` default: how long a slot a service stopped holding is kept from every
+/// other service. Long enough for what clients cache an address for (DNS caches of 30-60 s,
+/// the sidecars' own config update), short enough that replicas agree again soon after.
+pub const DEFAULT_QUARANTINE: Duration = Duration::from_secs(300);
 
 /// Protocols whose ports share a `0.0.0.0:<port>` listener safely (routed by Host header or SNI).
 const SHARED_LISTENER_PROTOCOLS: [&str; 7] = [
@@ -32,6 +42,21 @@ const SHARED_LISTENER_PROTOCOLS: [&str; 7] = [
     "HTTPS",
     "TLS",
 ];
+
+/// A range that cannot serve as asked.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum VipError {
+    /// `--shard INDEX/COUNT` with the default range: the part would hold no address.
+    #[error("--shard {index}/{count}: the default --vip-cidr {range} cannot be split {count} ways (each part at most a /30); give each shard process its own --vip-cidr")]
+    TooManyParts {
+        /// The range to split.
+        range: VipCidr,
+        /// The shard.
+        index: u64,
+        /// Of how many.
+        count: u64,
+    },
+}
 
 /// `--vip-cidr`: the range virtual IPs come from, or off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +79,37 @@ impl VipCidr {
             base: Ipv4Addr::new(a, b, c, d),
             prefix,
         }
+    }
+
+    /// Part `index` of `count` of this range (`--shard INDEX/COUNT` with the default range):
+    /// the range split into the next power of two of `count` equal CIDR blocks, block `index`.
+    /// CIDR blocks so the part displays and configures as a range of its own; a count that is
+    /// not a power of two leaves the last blocks unused.
+    pub fn part(self, index: u64, count: u64) -> Result<Self, VipError> {
+        let Self::Range { base, prefix } = self else {
+            return Ok(self);
+        };
+        let bits = count.max(1).next_power_of_two().trailing_zeros();
+        let sub = u32::from(prefix) + bits;
+        if sub > 30 || index >= count {
+            return Err(VipError::TooManyParts {
+                range: self,
+                index,
+                count,
+            });
+        }
+        let start = u32::from(base) + (u32::try_from(index).unwrap_or(0) << (32 - sub));
+        Ok(Self::Range {
+            base: Ipv4Addr::from(start),
+            prefix: sub as u8,
+        })
+    }
+
+    /// The address `key` gets from this range when no other service contests its slot (its
+    /// home); `None` when off. For tests and tools that need to know which keys collide.
+    pub fn home_address(self, key: &ServiceKey) -> Option<Ipv4Addr> {
+        let (first, count) = self.slots()?;
+        Some(Ipv4Addr::from(first + home_slot(key, count)))
     }
 
     /// Usable addresses (network and broadcast addresses left out) as (first, count).
@@ -145,18 +201,48 @@ struct Member {
 pub struct Vips {
     cidr: VipCidr,
     members: HashMap<ServiceKey, Member>,
-    /// Slot -> the member holding it.
+    /// Slot -> the member placed in it.
     holders: HashMap<u32, ServiceKey>,
+    /// Members whose placed slot changed since the last [`Vips::settle`].
+    moved: BTreeSet<ServiceKey>,
+    /// What is served: the placement, held back by the quarantine of freed slots.
+    hold: hold::Hold,
 }
 
 impl Vips {
-    /// Allocates from `cidr`.
+    /// Allocates from `cidr`, serving the placement at once (no quarantine: see
+    /// [`Vips::set_quarantine`]).
     pub fn new(cidr: VipCidr) -> Self {
         Self {
             cidr,
             members: HashMap::new(),
             holders: HashMap::new(),
+            moved: BTreeSet::new(),
+            hold: hold::Hold::new(Duration::ZERO),
         }
+    }
+
+    /// How long a freed slot is kept from every other service (`--vip-quarantine`; zero
+    /// serves the placement at once, trading two services' addresses when they swap places).
+    pub fn set_quarantine(&mut self, quarantine: Duration) {
+        self.hold.set_quarantine(quarantine);
+    }
+
+    /// Serves the placement as far as the quarantine allows at `now`; adds to `changed` every
+    /// key whose served address changed. Call after [`Vips::set`]s, and at
+    /// [`Vips::next_deadline`].
+    pub fn settle(&mut self, now: Instant, changed: &mut BTreeSet<ServiceKey>) {
+        let Some((_, count)) = self.cidr.slots() else {
+            return;
+        };
+        let work = std::mem::take(&mut self.moved);
+        self.hold
+            .settle(&self.members, &self.holders, count, work, now, changed);
+    }
+
+    /// When a service waiting for a quarantined slot may move (call [`Vips::settle`] then).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.hold.next_deadline()
     }
 
     /// Whether allocation is on.
@@ -165,14 +251,9 @@ impl Vips {
     }
 
     /// Records whether `key` needs an address (`Some`, with the registry's creation order of
-    /// the service, if any) or not (`None`); adds to `changed` every key whose address changed
-    /// (`key` itself included). True if membership or order changed.
-    pub fn set(
-        &mut self,
-        key: &ServiceKey,
-        want: Option<Option<CreationOrder>>,
-        changed: &mut BTreeSet<ServiceKey>,
-    ) -> bool {
+    /// the service, if any) or not (`None`); what is served changes at [`Vips::settle`]. True
+    /// if membership or order changed.
+    pub fn set(&mut self, key: &ServiceKey, want: Option<Option<CreationOrder>>) -> bool {
         let Some((_, count)) = self.cidr.slots() else {
             return false;
         };
@@ -181,6 +262,20 @@ impl Vips {
             (Some(m), Some(order)) if m.order == order => return false,
             _ => {}
         }
+        let mut moved = std::mem::take(&mut self.moved);
+        self.place_key(key, want, count, &mut moved);
+        self.moved = moved;
+        true
+    }
+
+    /// [`Vips::set`]'s placement: adds to `changed` every key whose placed slot changed.
+    fn place_key(
+        &mut self,
+        key: &ServiceKey,
+        want: Option<Option<CreationOrder>>,
+        count: u32,
+        changed: &mut BTreeSet<ServiceKey>,
+    ) {
         let before = self.members.len();
         let old = self.members.remove(key);
         let after = self.members.len() + usize::from(want.is_some());
@@ -197,7 +292,7 @@ impl Vips {
                 changed.insert(key.clone());
             }
             self.place_all(count, changed);
-            return true;
+            return;
         }
         if let Some(slot) = old.and_then(|m| m.slot) {
             self.holders.remove(&slot);
@@ -219,7 +314,6 @@ impl Vips {
             run.push(key.clone());
             self.place(run, count, changed);
         }
-        true
     }
 
     /// Frees the runs on both sides of the free slot `slot` (the run a slot filled there
@@ -298,10 +392,10 @@ impl Vips {
         }
     }
 
-    /// The address of `key`, if it has one.
+    /// The address served for `key`, if it has one.
     pub fn get(&self, key: &ServiceKey) -> Option<Ipv4Addr> {
         let (first, _) = self.cidr.slots()?;
-        let slot = self.members.get(key)?.slot?;
+        let slot = self.hold.get(key)?;
         Some(Ipv4Addr::from(first + slot))
     }
 
@@ -362,6 +456,37 @@ mod tests {
         assert!("fd00::/64".parse::<VipCidr>().is_err());
     }
 
+    /// #33 item 6: `--shard i/n` processes each allocate from their own part of the range.
+    #[test]
+    fn parts_of_a_range_are_disjoint_cidr_blocks() {
+        let r = VipCidr::range(242, 1, 0, 0, 16);
+        assert_eq!(r.part(0, 1), Ok(r));
+        assert_eq!(r.part(0, 2), Ok(VipCidr::range(242, 1, 0, 0, 17)));
+        assert_eq!(r.part(1, 2), Ok(VipCidr::range(242, 1, 128, 0, 17)));
+        assert_eq!(r.part(2, 3), Ok(VipCidr::range(242, 1, 128, 0, 18)));
+        assert_eq!(r.part(63, 64), Ok(VipCidr::range(242, 1, 252, 0, 22)));
+        assert_eq!(
+            r.part(0, 1 << 14).map(|p| p.to_string()),
+            Ok("242.1.0.0/30".into())
+        );
+        assert!(r.part(0, (1 << 14) + 1).is_err());
+        assert!(r.part(2, 2).is_err());
+        assert_eq!(VipCidr::Off.part(1, 2), Ok(VipCidr::Off));
+        for n in 1..=9u64 {
+            let mut seen = BTreeSet::new();
+            for i in 0..n {
+                let Ok(VipCidr::Range { base, prefix }) = r.part(i, n) else {
+                    panic!("{i}/{n}")
+                };
+                let size = 1u32 << (32 - u32::from(prefix));
+                for a in [u32::from(base), u32::from(base) + size - 1] {
+                    assert!(seen.insert(a), "{i}/{n} overlaps");
+                    assert_eq!(Ipv4Addr::from(a).octets()[..2], [242, 1]);
+                }
+            }
+        }
+    }
+
     #[test]
     fn who_needs_one() {
         assert!(needs_vip(&tcp("a")));
@@ -402,8 +527,9 @@ mod tests {
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
         for i in order {
-            v.set(&members[i].0, Some(members[i].1), &mut BTreeSet::new());
+            v.set(&members[i].0, Some(members[i].1));
         }
+        v.settle(Instant::now(), &mut BTreeSet::new());
         v
     }
 
@@ -430,8 +556,9 @@ mod tests {
         for n in 0..450u64 {
             let i = (n * 7919) % 1000;
             let k = key(i);
+            assert!(v.set(&k, created(n)));
             let mut changed = BTreeSet::new();
-            assert!(v.set(&k, created(n), &mut changed));
+            v.settle(Instant::now(), &mut changed);
             assert_eq!(
                 changed,
                 BTreeSet::from([k.clone()]),
@@ -495,8 +622,9 @@ mod tests {
                 && current.len() < 29;
             let before: BTreeMap<ServiceKey, Option<Ipv4Addr>> =
                 current.keys().map(|k| (k.clone(), v.get(k))).collect();
+            v.set(&k, want);
             let mut changed = BTreeSet::new();
-            v.set(&k, want, &mut changed);
+            v.settle(Instant::now(), &mut changed);
             match want {
                 Some(order) => current.insert(k.clone(), order),
                 None => current.remove(&k),
@@ -526,12 +654,14 @@ mod tests {
         let mut changed = BTreeSet::new();
         // "a" is the youngest though it sorts first.
         for (n, i) in [("b", 1), ("c", 2), ("a", 3)] {
-            v.set(&ServiceKey::new(n), created(i), &mut changed);
+            v.set(&ServiceKey::new(n), created(i));
         }
+        v.settle(Instant::now(), &mut changed);
         assert_eq!(v.unassigned(), vec![ServiceKey::new("a")]);
         let b = v.get(&ServiceKey::new("b"));
         changed.clear();
-        v.set(&ServiceKey::new("c"), None, &mut changed);
+        v.set(&ServiceKey::new("c"), None);
+        v.settle(Instant::now(), &mut changed);
         assert!(changed.contains(&ServiceKey::new("c")));
         assert!(changed.contains(&ServiceKey::new("a")));
         assert_eq!(v.get(&ServiceKey::new("b")), b, "b stays");

@@ -9,7 +9,7 @@ use mcp_core::filter::NameFilter;
 use mcp_core::parse;
 use mcp_core::shard::{Shard, ShardIndex};
 use mcp_core::translate::{OnEmpty, DEFAULT_MAX_LABELS};
-use mcp_core::vip::VipCidr;
+use mcp_core::vip::{VipCidr, VipError};
 use mcp_server::tls::san::SanPattern;
 
 mod output;
@@ -72,8 +72,17 @@ pub struct CommonArgs {
     /// gives no address (they would share one wildcard listener per port in every sidecar);
     /// `off` to serve them without. Default: the adapter's own /16 in the reserved 242.0.0.0/8
     /// (clear of Istio's 240.240.0.0/16 auto-allocation). Clients need Istio's DNS proxying.
+    /// With `--shard i/n` and no range given, shard i takes part i of the default (disjoint
+    /// from the other shard processes'); a range given is used whole, as given.
     #[arg(long, env = "MCP_VIP_CIDR")]
     pub vip_cidr: Option<VipCidr>,
+
+    /// How long a virtual IP a service stopped holding (it left, or moved) is kept from every
+    /// other service, so a client that cached it never reaches another service there; a service
+    /// waiting for such an address keeps its own meanwhile. `0` moves at once (replicas agree
+    /// at every moment, but two colliding services can trade addresses).
+    #[arg(long, env = "MCP_VIP_QUARANTINE", default_value = "5m", value_parser = parse::duration)]
+    pub vip_quarantine: Duration,
 
     /// File that keeps the last served set: written at every change, served at startup until
     /// the registry answers (so a restart during a registry outage serves the last good state).
@@ -179,6 +188,17 @@ impl CommonArgs {
                 self.shard_services.clone(),
                 self.shard_exclude_services.clone(),
             ),
+        }
+    }
+
+    /// The range virtual IPs come from: `--vip-cidr` as given; else `default`, or with
+    /// `--shard i/n` part i of n of it, so separate shard processes never give two services
+    /// one address (each allocates on its own).
+    pub fn vip_range(&self, default: VipCidr) -> Result<VipCidr, VipError> {
+        match (self.vip_cidr, self.shard) {
+            (Some(given), _) => Ok(given),
+            (None, Some(s)) => default.part(s.index, s.count),
+            (None, None) => Ok(default),
         }
     }
 }
@@ -309,6 +329,32 @@ mod tests {
         }
     }
 
+    /// #33 item 6: separate `--shard` processes take disjoint parts of the default range; a
+    /// range given is used as given.
+    #[test]
+    fn shard_processes_split_the_default_vip_range_only() {
+        let default = VipCidr::range(242, 1, 0, 0, 16);
+        let range = |flags: &[&str]| parse(flags).map(|a| a.vip_range(default));
+        assert_eq!(range(&[]), Ok(Ok(default)));
+        assert_eq!(
+            range(&["--shards", "4"]),
+            Ok(Ok(default)),
+            "one index for all"
+        );
+        assert_eq!(
+            range(&["--shard", "1/2"]),
+            Ok(Ok(VipCidr::range(242, 1, 128, 0, 17)))
+        );
+        assert_eq!(
+            range(&["--shard", "1/2", "--vip-cidr", "10.9.0.0/24"]),
+            Ok(Ok(VipCidr::range(10, 9, 0, 0, 24)))
+        );
+        let e = range(&["--shard", "0/20000"])
+            .expect("parses")
+            .expect_err("too small");
+        assert!(e.to_string().contains("--vip-cidr"), "{e}");
+    }
+
     #[test]
     fn shards_are_one_to_sixty_four_and_exclude_a_single_shard() {
         assert_eq!(parse(&[]).map(|a| a.shards), Ok(1));
@@ -319,5 +365,17 @@ mod tests {
         }
         let e = parse(&["--shards", "2", "--shard", "0/2"]).expect_err("both");
         assert!(e.contains("cannot be used with"), "{e}");
+    }
+
+    #[test]
+    fn vip_quarantine_is_five_minutes_unless_given() {
+        assert_eq!(
+            parse(&[]).map(|a| a.vip_quarantine),
+            Ok(mcp_core::vip::DEFAULT_QUARANTINE)
+        );
+        assert_eq!(
+            parse(&["--vip-quarantine", "0"]).map(|a| a.vip_quarantine),
+            Ok(Duration::ZERO)
+        );
     }
 }

@@ -40,6 +40,9 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// `--shard` cannot take its part of the default `--vip-cidr`.
+    #[error(transparent)]
+    VipRange(#[from] mcp_core::vip::VipError),
     /// `--shards` asks for ports past 65535.
     #[error("--shards {shards} from --listen {listen}: shard ports would pass 65535")]
     ShardPorts {
@@ -243,9 +246,12 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         registry: R::NAME.to_string(),
         source: source.clone(),
         on_empty: args.on_empty,
-        vip_cidr: args.vip_cidr.unwrap_or(R::DEFAULT_VIP_CIDR),
+        vip_cidr: args.vip_range(R::DEFAULT_VIP_CIDR)?,
         max_labels: args.max_labels,
     };
+    if let (None, Some(shard)) = (args.vip_cidr, args.shard) {
+        tracing::info!(%shard, vip_cidr = %cfg.vip_cidr, "--shard: virtual IPs come from this shard's part of the default --vip-cidr.");
+    }
     let shards = usize::from(args.shards.max(1));
     let (listen, admin) = (args.listen, args.admin_listen);
     let mcp_on = args.output.output.mcp();
@@ -290,7 +296,11 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
 
     let mut tasks = JoinSet::new();
     let writer = Writer {
-        index: Index::with_shards(cfg, metrics.clone(), shards),
+        index: {
+            let mut index = Index::with_shards(cfg, metrics.clone(), shards);
+            index.set_vip_quarantine(args.vip_quarantine);
+            index
+        },
         snapshots: snap_txs,
         status: status.clone(),
         metrics: metrics.clone(),

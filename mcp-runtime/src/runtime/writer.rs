@@ -42,6 +42,8 @@ enum Step {
     Event(RegistryEvent),
     Failed(RegistryError),
     Shutdown,
+    /// A virtual IP's quarantine ended: a service waiting for it may move (`--vip-quarantine`).
+    Settle,
 }
 
 impl Writer {
@@ -51,12 +53,13 @@ impl Writer {
         loop {
             let mut stream = registry.watch();
             let error = loop {
-                let first = self.next(&mut stream).await;
+                let first = self.next(&mut stream, true).await;
                 let mut failure = None;
                 match first {
                     Step::Shutdown => return,
                     Step::Failed(e) => break e,
                     Step::Event(ev) => self.apply(ev, &mut backoff).await,
+                    Step::Settle => {}
                 }
                 // Collect what else arrives within the coalescing window into one push.
                 if !self.coalesce.is_zero() {
@@ -64,7 +67,7 @@ impl Writer {
                     loop {
                         let step = tokio::select! {
                             _ = tokio::time::sleep_until(deadline) => break,
-                            step = self.next(&mut stream) => step,
+                            step = self.next(&mut stream, false) => step,
                         };
                         match step {
                             Step::Shutdown => return,
@@ -73,6 +76,7 @@ impl Writer {
                                 break;
                             }
                             Step::Event(ev) => self.apply(ev, &mut backoff).await,
+                            Step::Settle => {}
                         }
                     }
                 }
@@ -124,12 +128,19 @@ impl Writer {
         }
     }
 
+    /// The next step; with `settle`, also the end of a virtual IP's quarantine (not within a
+    /// coalescing window, which publishes anyway).
     async fn next(
         &self,
         stream: &mut futures::stream::BoxStream<'static, Result<RegistryEvent, RegistryError>>,
+        settle: bool,
     ) -> Step {
+        let settle = settle
+            .then(|| self.index.next_vip_deadline().map(Instant::from_std))
+            .flatten();
         tokio::select! {
             _ = self.shutdown.cancelled() => Step::Shutdown,
+            _ = tokio::time::sleep_until(settle.unwrap_or_else(Instant::now)), if settle.is_some() => Step::Settle,
             item = stream.next() => match item {
                 Some(Ok(ev)) => Step::Event(ev),
                 Some(Err(e)) => Step::Failed(e),
