@@ -113,13 +113,20 @@ pub async fn serve(
         builder = builder.max_connection_age(age);
     }
     let shutdown = ctx.shutdown.clone();
-    let limiter = ConnLimiter::new(limits.connections.clone(), limits.max_connections);
+    let limiter = ConnLimiter::new(limits.clone(), ctx.metrics.clone());
     // TCP_NODELAY: a push is one write; Nagle would hold its tail for ~40 ms waiting for an
-    // ACK. (tonic's own nodelay setting does not apply to a listener passed in.)
+    // ACK. (tonic's own nodelay setting does not apply to a listener passed in.) A connection
+    // over a limit that is not held to answer its streams is dropped (closed) here.
     let conns = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
-        .map(move |io| io.map(|io| limiter.accept(io)));
+        .filter_map(move |io| {
+            std::future::ready(match io {
+                Ok(io) => limiter.accept(io).map(Ok),
+                Err(e) => Some(Err(e)),
+            })
+        });
     let router = builder
+        .layer(conn::StreamsLayer)
         .layer(tonic::service::InterceptorLayer::new(tls::authorize(
             allow.unwrap_or_default(),
         )))

@@ -10,6 +10,8 @@ use mcp_server::limits::{
     ServerLimits, StreamLimits, MAX_CONNECTIONS, MAX_REQUEST_SIZE, MAX_RESOURCE_NAMES, MAX_STREAMS,
     MAX_STREAMS_PER_CONNECTION, MAX_TYPES_PER_STREAM, MAX_TYPE_URL_LENGTH,
 };
+// #33 connection bounds
+use mcp_server::limits::{ConnectionBounds, MAX_CONNECTIONS_PER_PEER};
 
 /// Flags of the gRPC server's limits.
 #[derive(Clone, Debug, clap::Args)]
@@ -67,6 +69,45 @@ pub struct ServerArgs {
     /// `mcp_adapter_unacked_responses` (a sink that stopped ACKing, or lags behind).
     #[arg(long, env = "MCP_UNACKED_THRESHOLD", default_value = "30s", value_parser = parse::duration)]
     pub unacked_threshold: Duration,
+
+    // #33 connection bounds
+    /// A connection with no open stream for this long (since it was accepted, or since its
+    /// last stream ended) is closed: istiod opens its stream as soon as it has connected.
+    /// `0`: never.
+    #[arg(long, env = "MCP_IDLE_CONNECTION_TIMEOUT", default_value = "5s", value_parser = parse::duration)]
+    pub idle_connection_timeout: Duration,
+
+    /// Most TCP connections served at once from one IP address (all shard ports together);
+    /// streams on one over it are refused with RESOURCE_EXHAUSTED, and it is closed.
+    #[arg(long, env = "MCP_MAX_CONNECTIONS_PER_PEER", default_value_t = MAX_CONNECTIONS_PER_PEER, value_parser = positive)]
+    pub max_connections_per_peer: usize,
+
+    /// A request over 16 KiB must arrive whole within this long of taking its share of the
+    /// large-request budget (`--max-request-size`), or its stream ends with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MCP_REQUEST_RECEIVE_TIMEOUT", default_value = "30s", value_parser = receive_timeout)]
+    pub request_receive_timeout: Duration,
+}
+
+// #33 connection bounds
+impl ServerArgs {
+    /// The connection bounds these flags set.
+    pub fn connection_bounds(&self) -> ConnectionBounds {
+        ConnectionBounds {
+            idle_timeout: (!self.idle_connection_timeout.is_zero())
+                .then_some(self.idle_connection_timeout),
+            max_per_peer: self.max_connections_per_peer,
+            request_receive_timeout: self.request_receive_timeout,
+        }
+    }
+}
+
+/// `--request-receive-timeout`: a duration above 0.
+fn receive_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse::duration(s)?;
+    if d.is_zero() {
+        return Err(format!("invalid timeout {s:?}: must be above 0"));
+    }
+    Ok(d)
 }
 
 impl ServerArgs {
@@ -86,6 +127,7 @@ impl ServerArgs {
             self.max_connection_age_grace,
             self.unacked_threshold,
         )
+        .with_connection_bounds(self.connection_bounds())
     }
 }
 
@@ -151,6 +193,13 @@ mod tests {
             ),
             "ServerLimits::default() is the flags' defaults"
         );
+        assert_eq!(
+            l.bounds,
+            ConnectionBounds::default(),
+            "#33 connection bounds"
+        );
+        let a = parse(&["--idle-connection-timeout", "0"]).expect("ok");
+        assert_eq!(a.limits().bounds.idle_timeout, None);
         let a = parse(&["--max-connection-age", "0", "--max-request-size", "4MiB"]).expect("ok");
         assert_eq!(a.limits().max_connection_age, None);
         assert_eq!(a.max_request_size, 4 << 20);
@@ -162,6 +211,8 @@ mod tests {
             &["--max-request-size", "100"],
             &["--max-connection-age-grace", "500ms"],
             &["--unacked-threshold", "30"],
+            &["--max-connections-per-peer", "0"],
+            &["--request-receive-timeout", "0"],
         ] {
             let e = parse(bad).expect_err(bad[0]);
             let flag = bad[0].split('=').next().unwrap_or_default();
