@@ -9,7 +9,10 @@
 //! they are accepted (a flood of connections costs a descriptor each for a moment, no more).
 //!
 //! A connection's streams are counted by [`StreamsLayer`] (every gRPC stream: MCP, health,
-//! reflection), so the idle timer runs only while none is open.
+//! reflection), so the idle timer runs only while none is open: `--idle-connection-timeout`
+//! from the accept for a connection that never opened one, [`IDLE_AFTER_STREAMS`] from the end
+//! of its last one otherwise. The close is an end of input under HTTP/2 (or TLS), which ends
+//! the connection; there is no stream to carry a status, so it is counted and logged here.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -37,6 +40,14 @@ pub const OVER_LIMIT_LIFE: Duration = Duration::from_secs(1);
 
 /// How many connections over a limit are held at once; more are closed when accepted.
 pub const OVER_LIMIT_HELD: usize = 8;
+
+/// A connection whose streams all ended is closed after this long without one (or
+/// `--idle-connection-timeout`, if longer). Longer than for a connection that never opened a
+/// stream: a client keeps its connection between calls (a sink retrying with backoff, a
+/// prober, a loaded peer between waves of streams), and closing it under a stream it is just
+/// opening fails that stream; but it must end some time, or a peer could hold its slot by
+/// opening one stream.
+pub const IDLE_AFTER_STREAMS: Duration = Duration::from_secs(60);
 
 /// What a stream knows about its connection (tonic puts it in every request's extensions).
 #[derive(Clone, Debug)]
@@ -109,8 +120,9 @@ impl Peers {
 /// A connection's open streams, and since when it has none.
 #[derive(Debug)]
 struct Activity {
-    /// Open streams, and when the count last became 0 (or the connection was accepted).
-    state: Mutex<(usize, Instant)>,
+    /// Open streams, when the count last became 0 (or the connection was accepted), and
+    /// whether it ever opened one.
+    state: Mutex<(usize, Instant, bool)>,
     /// The connection's reader, woken when its last stream ends (the idle timer starts).
     reader: AtomicWaker,
 }
@@ -118,20 +130,22 @@ struct Activity {
 impl Activity {
     fn new(at: Instant) -> Self {
         Self {
-            state: Mutex::new((0, at)),
+            state: Mutex::new((0, at, false)),
             reader: AtomicWaker::new(),
         }
     }
 
     fn open(self: &Arc<Self>) -> StreamGuard {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).0 += 1;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.0 += 1;
+        state.2 = true;
         StreamGuard(self.clone())
     }
 
-    /// When the connection became idle, if it is.
-    fn idle_since(&self) -> Option<Instant> {
+    /// When the connection became idle, if it is, and whether it had a stream before.
+    fn idle_since(&self) -> Option<(Instant, bool)> {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        (state.0 == 0).then_some(state.1)
+        (state.0 == 0).then_some((state.1, state.2))
     }
 }
 
@@ -313,7 +327,15 @@ impl Conn {
     fn due(&self) -> Option<Instant> {
         self.close_at.or_else(|| {
             let idle = self.idle_timeout?;
-            Some(self.info.activity.idle_since()? + idle)
+            let (since, used) = self.info.activity.idle_since()?;
+            Some(
+                since
+                    + if used {
+                        idle.max(IDLE_AFTER_STREAMS)
+                    } else {
+                        idle
+                    },
+            )
         })
     }
 }
@@ -594,11 +616,21 @@ mod tests {
         let stream = conn.info.activity.open();
         let reading = tokio::time::timeout(idle * 3, closed(&mut conn)).await;
         assert!(reading.is_err(), "closed with a stream open");
-        // The stream ends: the timer starts then, and the connection reads as closed.
-        let ended = Instant::now();
+        // The stream ends: the connection is closed only after the longer IDLE_AFTER_STREAMS.
         drop(stream);
+        assert_eq!(
+            conn.due(),
+            conn.info.activity.idle_since().map(|(at, used)| {
+                assert!(used);
+                at + IDLE_AFTER_STREAMS
+            })
+        );
+        // One that never opened a stream is closed after the timeout.
+        let (_client, io) = connect(&listener, [127, 0, 0, 1]).await;
+        let mut conn = l.accept(io).expect("within");
+        let accepted = Instant::now();
         closed(&mut conn).await;
-        assert!(ended.elapsed() >= idle);
+        assert!(accepted.elapsed() >= idle);
         assert_eq!(
             l.metrics
                 .refused_connections

@@ -55,8 +55,9 @@ pub const REQUEST_RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
 /// What the server allows a connection, and a large request on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionBounds {
-    /// `--idle-connection-timeout`: a connection with no open stream (since it was accepted,
-    /// or since its last stream ended) for this long is closed; `None`: never.
+    /// `--idle-connection-timeout`: a connection that opened no stream this long after it was
+    /// accepted is closed (one whose streams ended, after `conn::IDLE_AFTER_STREAMS` or this);
+    /// `None`: never.
     pub idle_timeout: Option<Duration>,
     /// `--max-connections-per-peer`: connections open at once from one IP address.
     pub max_per_peer: usize,

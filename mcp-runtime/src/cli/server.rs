@@ -71,9 +71,9 @@ pub struct ServerArgs {
     pub unacked_threshold: Duration,
 
     // #33 connection bounds
-    /// A connection with no open stream for this long (since it was accepted, or since its
-    /// last stream ended) is closed: istiod opens its stream as soon as it has connected.
-    /// `0`: never.
+    /// A connection that opened no stream this long after it was accepted is closed (istiod
+    /// opens its stream as soon as it has connected); one whose streams all ended is closed
+    /// after 1 min without one (or this, if longer). `0`: never.
     #[arg(long, env = "MCP_IDLE_CONNECTION_TIMEOUT", default_value = "5s", value_parser = parse::duration)]
     pub idle_connection_timeout: Duration,
 
