@@ -32,6 +32,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TlsConnectInfo};
 
+use crate::goaway::{FrameTrack, GOAWAY};
 use crate::limits::{Refused, ServerLimits};
 use crate::metrics::ServerMetrics;
 
@@ -40,6 +41,9 @@ pub const OVER_LIMIT_LIFE: Duration = Duration::from_secs(1);
 
 /// How many connections over a limit are held at once; more are closed when accepted.
 pub const OVER_LIMIT_HELD: usize = 8;
+
+/// How long a connection told to go away (below) may finish before it is closed regardless.
+pub const GOAWAY_GRACE: Duration = Duration::from_secs(1);
 
 /// A connection whose streams all ended is closed after this long without one (or
 /// `--idle-connection-timeout`, if longer). Longer than for a connection that never opened a
@@ -170,12 +174,24 @@ impl Drop for StreamGuard {
 pub struct ConnLimiter {
     limits: Arc<ServerLimits>,
     metrics: ServerMetrics,
+    /// HTTP/2 runs right on the connection (no TLS): a close can be a GOAWAY.
+    plain: bool,
 }
 
 impl ConnLimiter {
     /// A limiter over `limits`' shared counters.
     pub fn new(limits: Arc<ServerLimits>, metrics: ServerMetrics) -> Self {
-        Self { limits, metrics }
+        Self {
+            limits,
+            metrics,
+            plain: true,
+        }
+    }
+
+    /// For connections that carry TLS: closed by their end of input, not a GOAWAY.
+    pub fn under_tls(mut self, tls: bool) -> Self {
+        self.plain = !tls;
+        self
     }
 
     /// Takes a place within `--max-connections-per-peer` and `--max-connections`.
@@ -242,7 +258,8 @@ impl ConnLimiter {
             close_at,
             idle_timeout: self.limits.bounds.idle_timeout,
             timer: Box::pin(tokio::time::sleep_until(accepted)),
-            closed: false,
+            closing: Closing::Open,
+            frames: self.plain.then(FrameTrack::default),
         })
     }
 }
@@ -311,10 +328,22 @@ pub struct Conn {
     close_at: Option<Instant>,
     /// `--idle-connection-timeout`.
     idle_timeout: Option<Duration>,
-    /// Fires at `close_at`, or when the idle timeout runs out.
+    /// Fires at `close_at`, or when the idle timeout runs out; then at the end of the
+    /// [`GOAWAY_GRACE`].
     timer: Pin<Box<Sleep>>,
-    /// Reads as closed (the timer fired).
-    closed: bool,
+    closing: Closing,
+    /// Where the peer's HTTP/2 frames start (`None` under TLS).
+    frames: Option<FrameTrack>,
+}
+
+/// How far a connection is from being closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Closing {
+    Open,
+    /// A GOAWAY was read in: the server closes it, or its end of input does at the timer.
+    GoingAway,
+    /// Reads as ended.
+    Closed,
 }
 
 impl Conn {
@@ -348,39 +377,80 @@ impl Connected for Conn {
     }
 }
 
+impl Conn {
+    /// The idle close is due: a GOAWAY read in if the peer is between HTTP/2 frames, else the
+    /// end of input (which ends the HTTP/2 connection, or the TLS handshake). (A connection
+    /// over a limit answered its streams already: it just ends.)
+    fn close(&mut self, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if let Some(timeout) = self.idle_timeout {
+            // There is no stream to carry a status: counted and logged here.
+            let peer = ConnInfo::peer(Some(&self.info));
+            let limiter = &self.slot.limiter;
+            limiter.limits.refused_connection(
+                &limiter.metrics,
+                &Refused::IdleConnection { timeout },
+                &peer,
+            );
+        }
+        let between = self.frames.as_ref().is_some_and(FrameTrack::between_frames);
+        if between && buf.remaining() >= GOAWAY.len() {
+            buf.put_slice(&GOAWAY);
+            self.closing = Closing::GoingAway;
+            let at = Instant::now() + GOAWAY_GRACE;
+            self.timer.as_mut().reset(at);
+        } else {
+            self.closing = Closing::Closed;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl AsyncRead for Conn {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.closed {
+        if self.closing == Closing::Closed {
             return Poll::Ready(Ok(()));
         }
-        // Registered before the count is read: a stream ending after it wakes this reader.
-        self.info.activity.reader.register(cx.waker());
-        if let Some(due) = self.due() {
-            if self.timer.deadline() != due {
-                self.timer.as_mut().reset(due);
+        // A connection over a limit, or told to go away, ends on time whatever its peer sends.
+        if self.close_at.is_some() || self.closing == Closing::GoingAway {
+            if let Some(at) = self.close_at.filter(|_| self.closing == Closing::Open) {
+                if self.timer.deadline() != at {
+                    self.timer.as_mut().reset(at);
+                }
             }
             if self.timer.as_mut().poll(cx).is_ready() {
-                self.closed = true;
-                if self.close_at.is_none() {
-                    if let Some(timeout) = self.idle_timeout {
-                        let peer = ConnInfo::peer(Some(&self.info));
-                        let limiter = &self.slot.limiter;
-                        limiter.limits.refused_connection(
-                            &limiter.metrics,
-                            &Refused::IdleConnection { timeout },
-                            &peer,
-                        );
-                    }
-                }
-                // End of stream: the HTTP/2 connection (or the TLS handshake) ends.
+                self.closing = Closing::Closed;
                 return Poll::Ready(Ok(()));
             }
         }
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        // Registered before the count is read: a stream ending after it wakes this reader.
+        self.info.activity.reader.register(cx.waker());
+        // What the peer sent is read before the idle deadline is looked at: on a loaded machine
+        // this task may run after the deadline with a stream the peer opened in time waiting in
+        // the socket.
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let read = Pin::new(&mut this.io).poll_read(cx, buf);
+        if let Some(frames) = this.frames.as_mut() {
+            frames.scan(&buf.filled()[before..]);
+        }
+        if read.is_ready() {
+            return read;
+        }
+        if self.closing == Closing::Open && self.close_at.is_none() {
+            if let Some(due) = self.due() {
+                if self.timer.deadline() != due {
+                    self.timer.as_mut().reset(due);
+                }
+                if self.timer.as_mut().poll(cx).is_ready() {
+                    return self.close(buf);
+                }
+            }
+        }
+        Poll::Pending
     }
 }
 
@@ -492,6 +562,7 @@ impl http_body::Body for Guarded {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::goaway::PREFACE;
     use crate::limits::{ConnectionBounds, StreamLimits};
 
     fn limiter(max: usize, per_peer: usize, idle: Option<Duration>) -> ConnLimiter {
@@ -638,5 +709,47 @@ mod tests {
                 .get(),
             1
         );
+    }
+
+    #[tokio::test]
+    async fn an_idle_http2_peer_between_frames_is_told_to_go_away() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let l = limiter(4, 4, Some(Duration::from_millis(100)));
+        let (mut client, io) = connect(&listener, [127, 0, 0, 1]).await;
+        let mut conn = l.accept(io).expect("within");
+        // The preface and an empty SETTINGS frame, in pieces that split both.
+        let mut sent = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        sent.extend([0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        for piece in sent.chunks(5) {
+            client.write_all(piece).await.expect("write");
+        }
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        while got.len() < sent.len() + GOAWAY.len() {
+            let n = conn.read(&mut buf).await.expect("read");
+            assert!(n > 0, "ended instead: {got:?}");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(&got[..sent.len()], &sent[..]);
+        assert_eq!(&got[sent.len()..], &GOAWAY[..], "a GOAWAY read in");
+        // Had the server not closed it, the end of input follows the grace.
+        closed(&mut conn).await;
+
+        // Half-way through a frame: just the end of input.
+        let (mut client, io) = connect(&listener, [127, 0, 0, 1]).await;
+        let mut conn = l.accept(io).expect("within");
+        client.write_all(&sent[..PREFACE + 4]).await.expect("write");
+        let mut got = Vec::new();
+        loop {
+            let n = conn.read(&mut buf).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, sent[..PREFACE + 4].to_vec());
     }
 }
