@@ -464,6 +464,10 @@ mod tests {
         k.kube_requests.with_label_values(&["apply", "200"]).inc();
         m.tls_refused.with_label_values(&["handshake"]).inc();
         m.tls_reloads.with_label_values(&["ok"]).inc();
+        m.refused_connections
+            .with_label_values(&["connections"])
+            .inc();
+        m.connections.with_label_values(&["served"]).inc();
         let text = core.render();
         for name in [
             "mcp_adapter_pushes_total",
@@ -491,6 +495,8 @@ mod tests {
             "mcp_adapter_tls_reloads_total",
             "mcp_adapter_tls_reload_failing",
             "mcp_adapter_tls_certificate_not_after_seconds",
+            "mcp_adapter_refused_connections_total",
+            "mcp_adapter_connections",
             "mcp_adapter_kube_output_requests_total",
             "mcp_adapter_kube_output_pending",
             "mcp_adapter_kube_output_lag_seconds",

@@ -567,3 +567,56 @@ async fn a_sink_that_stops_reading_gives_its_slot_back_at_max_connection_age() {
     drop((tx, stuck));
     a.stop().await;
 }
+
+/// A TCP proxy in front of `to` that counts the connections made through it and those that
+/// ended (both sides closed: the client saw the server's close).
+async fn closing_proxy(to: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (dials, ended) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (d, e) = (dials.clone(), ended.clone());
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            d.fetch_add(1, Ordering::SeqCst);
+            let e = e.clone();
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+                e.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, dials, ended)
+}
+
+/// `--idle-connection-timeout` (#33): a connection that opens no stream is closed and counted;
+/// once the client has seen the close, its channel reconnects for its next stream, which is
+/// served. (A stream the client opens in the instant of the close fails: the close is not a
+/// GOAWAY, see `mcp_server::conn`.)
+#[tokio::test]
+async fn an_idle_connection_is_closed_and_the_client_reconnects() {
+    let a = start(|args| args.server.idle_connection_timeout = Duration::from_millis(300)).await;
+    let (proxy, dials, ended) = closing_proxy(a.grpc()).await;
+    let ch = channel(proxy).await;
+    let deadline = tokio::time::Instant::now() + STEP;
+    while ended.load(Ordering::SeqCst) != 1 {
+        assert!(tokio::time::Instant::now() < deadline, "not closed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        sample(
+            &a,
+            "mcp_adapter_refused_connections_total",
+            "limit=\"idle_connection_timeout\"",
+        )
+        .await,
+        1.0
+    );
+    let (_t, mut s) = sotw(ch.clone(), xds_req(SE_V1, "")).await.expect("opens");
+    s.message().await.expect("served").expect("the set");
+    assert_eq!(dials.load(Ordering::SeqCst), 2, "a new connection");
+    a.stop().await;
+}

@@ -120,14 +120,14 @@ impl<M: Methods> tower_service::Service<Request<Body>> for Service<M> {
 }
 
 /// Starts one stream: its task decodes requests and feeds the response body. A stream over
-/// `--max-streams`, or on a connection over `--max-connections`, is refused at once.
+/// `--max-streams`, or on a connection over `--max-connections` (or per peer), is refused at once.
 fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body> {
     let conn = ConnInfo::of(&req);
     let peer = ConnInfo::peer(conn);
     let accepted = conn.map(|c| c.accepted);
     let limits = &ctx.limits;
-    let slot = match conn.and_then(|c| c.over_limit) {
-        Some(limit) => Err(Refused::Connections { limit }),
+    let slot = match conn.and_then(|c| c.over_limit.clone()) {
+        Some(refused) => Err(refused),
         None => Arc::clone(&limits.streams)
             .try_acquire_owned()
             .map_err(|_| Refused::Streams {
@@ -149,6 +149,7 @@ fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body>
         req.into_body(),
         limits.max_request_size,
         limits.large_requests.clone(),
+        limits.bounds.request_receive_timeout,
         on_refused,
     );
     let requests = Streaming::<P::Req>::new_request(

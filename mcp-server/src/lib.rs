@@ -10,7 +10,7 @@
 //!
 //! Public: [`serve`] and its [`StreamContext`], the settings ([`limits`], [`tls`]), the
 //! [`metrics`], and [`engine`] and [`conn`] for the runtime's benches and tests; the wire layout
-//! (`protocol`, `frames`, `request_body`, `response_body`, `grpc`) is private.
+//! (`protocol`, `frames`, `request_body`, `response_body`, `grpc`, `goaway`) is private.
 //!
 //! Depends on `mcp-core` (the snapshots it serves, the metrics registry) and `proto`; must never
 //! depend on the runtime (flags, admin, the writer task), the Kubernetes output or a registry.
@@ -19,6 +19,7 @@
 pub mod conn;
 pub mod engine;
 mod frames;
+mod goaway;
 mod grpc;
 mod handover;
 pub mod limits;
@@ -115,13 +116,20 @@ pub async fn serve(
         builder = builder.max_connection_age(age);
     }
     let shutdown = ctx.shutdown.clone();
-    let limiter = ConnLimiter::new(limits.connections.clone(), limits.max_connections);
+    let limiter = ConnLimiter::new(limits.clone(), ctx.metrics.clone()).under_tls(tls.is_some());
     // TCP_NODELAY: a push is one write; Nagle would hold its tail for ~40 ms waiting for an
-    // ACK. (tonic's own nodelay setting does not apply to a listener passed in.)
+    // ACK. (tonic's own nodelay setting does not apply to a listener passed in.) A connection
+    // over a limit that is not held to answer its streams is dropped (closed) here.
     let conns = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
-        .map(move |io| io.map(|io| limiter.accept(io)));
+        .filter_map(move |io| {
+            std::future::ready(match io {
+                Ok(io) => limiter.accept(io).map(Ok),
+                Err(e) => Some(Err(e)),
+            })
+        });
     let router = builder
+        .layer(conn::StreamsLayer)
         .layer(tonic::service::InterceptorLayer::new(tls::authorize(
             allow.unwrap_or_default(),
         )))

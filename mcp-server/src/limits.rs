@@ -39,6 +39,63 @@ pub const MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(10);
 /// Default `--unacked-threshold`.
 pub const UNACKED_THRESHOLD: Duration = Duration::from_secs(30);
 
+// #33 connection bounds
+/// Default `--idle-connection-timeout`: istiod opens its stream as soon as it has connected, so
+/// a connection with no stream for this long is a scanner, a leak or a peer holding a slot.
+pub const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `--max-connections-per-peer`: a quarter of the default `--max-connections`, so one
+/// address never takes the whole adapter, while hundreds of istiod replicas behind one NAT
+/// address (one connection each per config source) still fit.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 256;
+/// Default `--request-receive-timeout`: a 16 MiB request (the default `--max-request-size`)
+/// arrives in time at 0.55 MiB/s, what one 64 KiB HTTP/2 stream window delivers over a
+/// round trip of 115 ms.
+pub const REQUEST_RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the server allows a connection, and a large request on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionBounds {
+    /// `--idle-connection-timeout`: a connection that opened no stream this long after it was
+    /// accepted is closed (one whose streams ended, after `conn::IDLE_AFTER_STREAMS` or this);
+    /// `None`: never.
+    pub idle_timeout: Option<Duration>,
+    /// `--max-connections-per-peer`: connections open at once from one IP address.
+    pub max_per_peer: usize,
+    /// `--request-receive-timeout`: a request over `request_body::FREE` must arrive whole
+    /// within this long of taking its share of the large-request budget.
+    pub request_receive_timeout: Duration,
+}
+
+impl Default for ConnectionBounds {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Some(IDLE_CONNECTION_TIMEOUT),
+            max_per_peer: MAX_CONNECTIONS_PER_PEER,
+            request_receive_timeout: REQUEST_RECEIVE_TIMEOUT,
+        }
+    }
+}
+
+impl ServerLimits {
+    /// These limits with `bounds` for connections.
+    pub fn with_connection_bounds(mut self, bounds: ConnectionBounds) -> Self {
+        self.bounds = bounds;
+        self
+    }
+
+    /// Counts a connection refused or closed by a limit and logs it (throttled per limit, with
+    /// the stream refusals of the same limit).
+    pub fn refused_connection(&self, metrics: &ServerMetrics, refused: &Refused, peer: &str) {
+        metrics
+            .refused_connections
+            .with_label_values(&[refused.label()])
+            .inc();
+        if let Some(more) = self.log.due(refused.label()) {
+            tracing::warn!(%peer, limit = refused.label(), refused_since_last_log = more, reason = %refused, "Closed a connection over a limit.");
+        }
+    }
+}
+
 /// A refusal is logged at most this often per limit (every one is counted).
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -166,6 +223,27 @@ pub enum Refused {
         /// The limit.
         limit: usize,
     },
+    // #33 connection bounds
+    /// Too many connections open from one address.
+    #[error("this adapter serves at most {limit} connections from one address at once (--max-connections-per-peer); try again later or another replica")]
+    ConnectionsPerPeer {
+        /// The limit.
+        limit: usize,
+    },
+    /// A connection with no open stream for too long (closed; there is no stream to tell).
+    #[error("a connection had no open stream for {timeout:?} (--idle-connection-timeout)")]
+    IdleConnection {
+        /// The limit.
+        timeout: Duration,
+    },
+    /// A large request that did not arrive in time.
+    #[error("a request of {len} bytes did not arrive within this adapter's --request-receive-timeout of {timeout:?}")]
+    RequestReceiveTimeout {
+        /// Its declared length.
+        len: usize,
+        /// The limit.
+        timeout: Duration,
+    },
 }
 
 impl Refused {
@@ -181,6 +259,10 @@ impl Refused {
             Refused::ResourceNameLength { .. } => "resource_name_length",
             Refused::NodeIdLength { .. } => "node_id_length",
             Refused::StreamBytes { .. } => "stream_bytes",
+            // #33 connection bounds
+            Refused::ConnectionsPerPeer { .. } => "connections_per_peer",
+            Refused::IdleConnection { .. } => "idle_connection_timeout",
+            Refused::RequestReceiveTimeout { .. } => "request_receive_timeout",
         }
     }
 
@@ -221,6 +303,11 @@ pub struct ServerLimits {
     pub large_requests: Arc<Semaphore>,
     /// Resource names all streams hold together: 4 × `--max-resource-names`.
     pub names: Arc<NamesBudget>,
+    // #33 connection bounds
+    /// Idle connections, connections per peer, large requests' receive deadline.
+    pub bounds: ConnectionBounds,
+    /// Connections open now, by peer address, and those held over a limit.
+    pub peers: Arc<crate::conn::Peers>,
     log: RefusalLog,
 }
 
@@ -255,6 +342,8 @@ impl ServerLimits {
                 used: AtomicUsize::new(0),
                 limit: stream.max_names.saturating_mul(4),
             }),
+            bounds: ConnectionBounds::default(),
+            peers: Arc::default(),
             log: RefusalLog::default(),
         }
     }
@@ -428,6 +517,23 @@ mod tests {
             (
                 Refused::StreamBytes { bytes: 9, limit: 1 },
                 "--max-stream-bytes",
+            ),
+            (
+                Refused::ConnectionsPerPeer { limit: 2 },
+                "--max-connections-per-peer",
+            ),
+            (
+                Refused::IdleConnection {
+                    timeout: Duration::from_secs(1),
+                },
+                "--idle-connection-timeout",
+            ),
+            (
+                Refused::RequestReceiveTimeout {
+                    len: 9,
+                    timeout: Duration::from_secs(1),
+                },
+                "--request-receive-timeout",
             ),
         ] {
             let status = r.status();

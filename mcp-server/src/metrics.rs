@@ -35,6 +35,11 @@ pub struct ServerMetrics {
     pub tls_reload_failing: IntGauge,
     /// notAfter of the served certificate, Unix seconds (0 without TLS).
     pub tls_not_after: IntGauge,
+    /// Connections refused or closed by a server limit, by limit (#33).
+    pub refused_connections: IntCounterVec,
+    /// Open connections: `served` (within the limits) and `over_limit` (held to answer their
+    /// streams' refusals).
+    pub connections: IntGaugeVec,
 }
 
 impl ServerMetrics {
@@ -109,6 +114,16 @@ impl ServerMetrics {
             tls_not_after: r.gauge(
                 "mcp_adapter_tls_certificate_not_after_seconds",
                 "Expiry (notAfter, Unix seconds) of the served TLS certificate; 0 without TLS.",
+            )?,
+            refused_connections: r.counter(
+                "mcp_adapter_refused_connections_total",
+                "Connections refused or closed because of a server limit (--max-connections, --max-connections-per-peer, --idle-connection-timeout).",
+                &["limit"],
+            )?,
+            connections: r.gauge_vec(
+                "mcp_adapter_connections",
+                "Open gRPC connections: served (within the limits), over_limit (held a moment to answer their streams with the limit, then closed).",
+                &["state"],
             )?,
         })
     }

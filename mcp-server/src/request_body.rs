@@ -8,16 +8,22 @@
 //! over [`FREE`] (no istiod or Pilot request is: they are a few KiB; delta sinks that reconnect
 //! holding many resources send larger ones) takes its length from a budget shared by every
 //! stream of the process until its last byte has gone by; while the budget is used up it waits,
-//! and HTTP/2 flow control holds the peer back.
+//! and HTTP/2 flow control holds the peer back. A message holding a share must arrive whole
+//! within `--request-receive-timeout` of getting it, or the stream ends with a status naming
+//! the flag: four peers announcing the largest request and then sending nothing would
+//! otherwise hold the whole budget, and every later large request would wait, for as long as
+//! they liked.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 use tonic::Status;
 
 use super::limits::Refused;
@@ -46,6 +52,12 @@ pub struct MeteredBody<B> {
     remaining: usize,
     /// The current message's share of the budget.
     permit: Option<OwnedSemaphorePermit>,
+    /// The current message's declared length.
+    len: usize,
+    /// `--request-receive-timeout`.
+    timeout: Duration,
+    /// While a message holds a share: when it must have arrived.
+    deadline: Option<Pin<Box<Sleep>>>,
     /// A data frame held back until the budget has room for the message it starts: the frame,
     /// where the scan stopped, and the wait.
     held: Option<(Bytes, usize, Acquire)>,
@@ -64,8 +76,14 @@ impl<B> std::fmt::Debug for MeteredBody<B> {
 
 impl<B> MeteredBody<B> {
     /// Meters `inner`: messages up to `max` bytes, larger ones than [`FREE`] sharing `budget`
-    /// (permits are KiB).
-    pub fn new(inner: B, max: usize, budget: Arc<Semaphore>, on_refused: OnRefused) -> Self {
+    /// (permits are KiB) and arriving within `timeout` of getting their share.
+    pub fn new(
+        inner: B,
+        max: usize,
+        budget: Arc<Semaphore>,
+        timeout: Duration,
+        on_refused: OnRefused,
+    ) -> Self {
         Self {
             inner,
             max,
@@ -75,6 +93,9 @@ impl<B> MeteredBody<B> {
             prefix_len: 0,
             remaining: 0,
             permit: None,
+            len: 0,
+            timeout,
+            deadline: None,
             held: None,
             done: false,
         }
@@ -92,6 +113,7 @@ impl<B> MeteredBody<B> {
                 if self.remaining == 0 {
                     // The message went by: its share goes back.
                     self.permit = None;
+                    self.deadline = None;
                 }
                 continue;
             }
@@ -117,10 +139,11 @@ impl<B> MeteredBody<B> {
                 });
             }
             self.remaining = len;
+            self.len = len;
             if len > FREE {
                 let kib = u32::try_from(len.div_ceil(1024)).unwrap_or(u32::MAX);
                 match Arc::clone(&self.budget).try_acquire_many_owned(kib) {
-                    Ok(p) => self.permit = Some(p),
+                    Ok(p) => self.hold(p),
                     Err(_) => return Ok(Some(at)),
                 }
             }
@@ -128,9 +151,25 @@ impl<B> MeteredBody<B> {
         Ok(None)
     }
 
+    /// The current message got its share: the receive deadline starts.
+    fn hold(&mut self, permit: OwnedSemaphorePermit) {
+        self.permit = Some(permit);
+        self.deadline = Some(Box::pin(tokio::time::sleep(self.timeout)));
+    }
+
+    /// Whether the current message's receive deadline passed (registering the wake-up if not).
+    fn late(&mut self, cx: &mut Context<'_>) -> bool {
+        self.deadline
+            .as_mut()
+            .is_some_and(|d| d.as_mut().poll(cx).is_ready())
+    }
+
     fn refuse(&mut self, refused: Refused) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         (self.on_refused)(&refused);
         self.done = true;
+        // The share goes back now, not when the stream's task gets to drop the body.
+        self.permit = None;
+        self.deadline = None;
         Poll::Ready(Some(Err(refused.status())))
     }
 }
@@ -158,7 +197,7 @@ where
                         return Poll::Pending;
                     }
                     Poll::Ready(Ok(permit)) => {
-                        this.permit = Some(permit);
+                        this.hold(permit);
                         (data, at)
                     }
                     Poll::Ready(Err(_)) => {
@@ -171,6 +210,10 @@ where
                         Ok(data) => (data, 0),
                         Err(other) => return Poll::Ready(Some(Ok(other))),
                     },
+                    Poll::Pending if this.late(cx) => {
+                        let (len, timeout) = (this.len, this.timeout);
+                        return this.refuse(Refused::RequestReceiveTimeout { len, timeout });
+                    }
                     other => return other,
                 },
             };
@@ -215,6 +258,23 @@ mod tests {
         }
     }
 
+    /// A body that yields the given frames, then nothing, ever (a peer that stalled).
+    struct Stalling(std::collections::VecDeque<Bytes>);
+
+    impl Body for Stalling {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            match self.0.pop_front() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
     fn message(len: usize) -> Vec<u8> {
         let mut m = vec![0];
         m.extend_from_slice(&(len as u32).to_be_bytes());
@@ -247,6 +307,7 @@ mod tests {
                 frames(&bytes, size),
                 1 << 20,
                 budget.clone(),
+                Duration::from_secs(30),
                 Box::new(|_| {}),
             );
             assert_eq!(
@@ -268,6 +329,7 @@ mod tests {
             frames(&bytes, 7),
             1000,
             Arc::new(Semaphore::new(100)),
+            Duration::from_secs(30),
             Box::new(move |r| seen.lock().expect("lock").push(r.clone())),
         );
         let status = collect(&mut body).await.expect_err("refused");
@@ -295,6 +357,7 @@ mod tests {
             frames(&bytes, 1 << 20),
             1 << 20,
             budget.clone(),
+            Duration::from_secs(30),
             Box::new(|_| {}),
         );
         let polls = Arc::new(AtomicUsize::new(0));
@@ -314,5 +377,49 @@ mod tests {
         let frame = first.await.expect("a frame").expect("data");
         assert_eq!(frame.into_data().expect("data").len(), bytes.len());
         assert_eq!(budget.available_permits(), 40);
+    }
+
+    #[tokio::test]
+    async fn a_large_message_that_stalls_is_refused_and_gives_its_share_back() {
+        let budget = Arc::new(Semaphore::new(100));
+        let refused = Arc::new(Mutex::new(Vec::new()));
+        let seen = refused.clone();
+        // A small message passes, then a 40 KiB one announces itself and stalls half-way.
+        let mut bytes = message(10);
+        bytes.extend(&message(40 << 10)[..PREFIX + 1000]);
+        let mut body = MeteredBody::new(
+            Stalling(bytes.chunks(700).map(Bytes::copy_from_slice).collect()),
+            1 << 20,
+            budget.clone(),
+            Duration::from_millis(200),
+            Box::new(move |r| seen.lock().expect("lock").push(r.clone())),
+        );
+        let mut passed = 0;
+        let status = loop {
+            match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                Some(Ok(f)) => passed += f.into_data().map(|d| d.len()).unwrap_or_default(),
+                Some(Err(s)) => break s,
+                None => panic!("the body ended"),
+            }
+            if passed > 0 && passed < bytes.len() {
+                // The share is held while the message arrives.
+                assert!(budget.available_permits() <= 100);
+            }
+        };
+        assert_eq!(passed, bytes.len(), "everything sent went on");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            status.message().contains("--request-receive-timeout"),
+            "{status:?}"
+        );
+        assert_eq!(
+            *refused.lock().expect("lock"),
+            vec![Refused::RequestReceiveTimeout {
+                len: 40 << 10,
+                timeout: Duration::from_millis(200)
+            }]
+        );
+        assert_eq!(budget.available_permits(), 100, "the share came back");
+        assert!(body.is_end_stream());
     }
 }

@@ -445,3 +445,395 @@ fn slow_sinks_under_churn_pin_no_old_snapshots() {
     floor.assert_steady(Duration::from_secs(2));
     served.assert_steady(Duration::from_secs(2));
 }
+
+/// Issue #33: connections that open no stream, many connections from one address, connections
+/// over `--max-connections`, and large requests that announce their length and stall. The
+/// flags new with these bounds are set through the environment, so the same tests run against
+/// an adapter without them (and fail there for the reason the issue gives, not a flag error).
+mod connection_bounds {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use e2e::xds_sinks::SERVICE_ENTRY;
+    use e2e::{wait_for, workspace_bin, Adapter};
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    use prost::Message;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpSocket, TcpStream};
+
+    use super::write_services;
+
+    const DELTA: &str =
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+    /// How many connections over a limit the adapter holds at once to answer their streams
+    /// (`mcp_server::conn::OVER_LIMIT_HELD`).
+    const OVER_LIMIT_HELD: f64 = 8.0;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    fn adapter(args: &[&str], env: &[(&str, &str)]) -> (Adapter, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_services(dir.path(), 1, 3, 0, 0);
+        let path = dir.path().to_string_lossy().to_string();
+        let mut all = vec!["--path", path.as_str()];
+        all.extend_from_slice(args);
+        let a = Adapter::start_with_env("adapter-file", &all, env);
+        a.wait_ready();
+        (a, dir)
+    }
+
+    /// A TCP connection to `to` from the loopback address `from` (every 127.x address is this
+    /// host: a second peer address without a second host).
+    async fn tcp_from(to: SocketAddr, from: Ipv4Addr) -> TcpStream {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::new(IpAddr::V4(from), 0))
+            .expect("bind");
+        socket.connect(to).await.expect("connect")
+    }
+
+    /// An HTTP/2 client connection (it answers the server's pings and settings) that opens no
+    /// stream until asked; the task ends when the connection closes.
+    struct H2 {
+        send: h2::client::SendRequest<Bytes>,
+        conn: tokio::task::JoinHandle<Result<(), h2::Error>>,
+    }
+
+    impl H2 {
+        async fn connect(to: SocketAddr, from: Ipv4Addr) -> H2 {
+            let tcp = tcp_from(to, from).await;
+            let (send, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+            H2 {
+                send,
+                conn: tokio::spawn(conn),
+            }
+        }
+
+        /// Opens a gRPC stream on `path` and sends `first` on it (no end of stream).
+        async fn stream(
+            &mut self,
+            path: &str,
+            first: Bytes,
+        ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+            let req = http::Request::post(format!("http://adapter{path}"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .expect("request");
+            let mut send = self.send.clone().ready().await.expect("ready");
+            let (resp, mut body) = send.send_request(req, false).expect("send");
+            body.send_data(first, false).expect("data");
+            (resp, body)
+        }
+    }
+
+    /// One gRPC message: the 5-byte prefix and `body`.
+    fn framed(body: &[u8]) -> Bytes {
+        let mut m = vec![0];
+        m.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        m.extend_from_slice(body);
+        m.into()
+    }
+
+    /// A delta request for every ServiceEntry (`*`) that also names `names` more.
+    fn delta_request(names: usize) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: SERVICE_ENTRY.into(),
+            resource_names_subscribe: std::iter::once("*".to_string())
+                .chain((0..names).map(|i| format!("ns/svc-{i:06}")))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// The gRPC status of a stream's response: from its headers (trailers-only) or trailers.
+    async fn grpc_status(resp: h2::client::ResponseFuture) -> (String, String) {
+        let resp = resp.await.expect("response");
+        let pick = |h: &http::HeaderMap| {
+            h.get("grpc-status").map(|s| {
+                let msg = h
+                    .get("grpc-message")
+                    .map(|m| m.to_str().unwrap_or_default().to_string())
+                    .unwrap_or_default();
+                (s.to_str().unwrap_or_default().to_string(), msg)
+            })
+        };
+        if let Some(s) = pick(resp.headers()) {
+            return s;
+        }
+        let mut body = resp.into_body();
+        while let Some(d) = body.data().await {
+            let d = d.expect("data");
+            let _ = body.flow_control().release_capacity(d.len());
+        }
+        let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
+        pick(&trailers).unwrap_or_else(|| ("none".into(), String::new()))
+    }
+
+    fn mcpctl(a: &Adapter) -> std::process::Output {
+        Command::new(workspace_bin("mcpctl"))
+            .args([
+                "get",
+                "serviceentries",
+                "--server",
+                &a.xds_url(),
+                "-o",
+                "json",
+            ])
+            .args(["--timeout", "5s"])
+            .output()
+            .expect("run mcpctl")
+    }
+
+    fn refused_conns(a: &Adapter, limit: &str) -> f64 {
+        a.metric_with(
+            "mcp_adapter_refused_connections_total",
+            &format!("limit=\"{limit}\""),
+        )
+    }
+
+    /// The issue's case: with `--max-connections 8`, four TCP connections that send nothing
+    /// and four that send the HTTP/2 preface and settings (and answer pings) but open no
+    /// stream. The adapter closes them after the default `--idle-connection-timeout`, and
+    /// mcpctl is served (before: every connection stayed, mcpctl was refused with
+    /// RESOURCE_EXHAUSTED naming --max-connections for as long as they did).
+    #[test]
+    fn idle_connections_are_closed_and_a_real_sink_is_served() {
+        let (a, _dir) = adapter(&["--max-connections", "8"], &[]);
+        let rt = runtime();
+        let lo = Ipv4Addr::LOCALHOST;
+        let (mut raw, h2s) = rt.block_on(async {
+            let mut raw = Vec::new();
+            for _ in 0..4 {
+                raw.push(TcpStream::connect(a.grpc).await.expect("connect"));
+            }
+            let mut h2s = Vec::new();
+            for _ in 0..4 {
+                h2s.push(H2::connect(a.grpc, lo).await);
+            }
+            (raw, h2s)
+        });
+        let opened = Instant::now();
+        let items = wait_for(Duration::from_secs(60), "mcpctl served", || {
+            let out = mcpctl(&a);
+            out.status
+                .success()
+                .then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).ok())
+                .flatten()
+        });
+        eprintln!(
+            "mcpctl served {:?} after the eight idle connections opened",
+            opened.elapsed()
+        );
+        assert_eq!(items["items"].as_array().map(Vec::len), Some(3));
+        // The adapter closed all eight.
+        rt.block_on(async {
+            for (i, tcp) in raw.iter_mut().enumerate() {
+                // The server's own settings come first; then the end.
+                let mut buf = [0u8; 256];
+                tokio::time::timeout(Duration::from_secs(30), async {
+                    while let Ok(1..) = tcp.read(&mut buf).await {}
+                })
+                .await
+                .unwrap_or_else(|_| panic!("raw connection {i} still open"));
+            }
+            for (i, h) in h2s.into_iter().enumerate() {
+                let ended = tokio::time::timeout(Duration::from_secs(30), h.conn)
+                    .await
+                    .unwrap_or_else(|_| panic!("HTTP/2 connection {i} still open"))
+                    .expect("task");
+                // Ended cleanly (the adapter reads a GOAWAY in for an idle HTTP/2 peer and
+                // answers with its own: the unit tests in mcp_server::conn show it).
+                assert!(ended.is_ok(), "HTTP/2 connection {i}: {ended:?}");
+            }
+        });
+        assert_eq!(refused_conns(&a, "idle_connection_timeout"), 8.0);
+        assert!(
+            a.log().contains("--idle-connection-timeout"),
+            "the log names the flag:\n{}",
+            a.log_tail()
+        );
+    }
+
+    /// `--max-connections-per-peer 2`: a third connection from 127.0.0.1 is refused (its
+    /// stream with RESOURCE_EXHAUSTED naming the flag) and closed, while a connection from
+    /// another address (127.0.0.2) is served.
+    #[test]
+    fn connections_per_peer_are_capped() {
+        let (a, _dir) = adapter(
+            &[],
+            &[
+                ("MCP_MAX_CONNECTIONS_PER_PEER", "2"),
+                ("MCP_IDLE_CONNECTION_TIMEOUT", "10m"),
+            ],
+        );
+        let rt = runtime();
+        rt.block_on(async {
+            let lo = Ipv4Addr::LOCALHOST;
+            let _one = H2::connect(a.grpc, lo).await;
+            let _two = H2::connect(a.grpc, lo).await;
+            let req = framed(&delta_request(1).encode_to_vec());
+            let mut third = H2::connect(a.grpc, lo).await;
+            let (resp, _body) = third.stream(DELTA, req.clone()).await;
+            let (code, msg) = tokio::time::timeout(Duration::from_secs(30), grpc_status(resp))
+                .await
+                .expect("the third connection's stream was served, not refused");
+            assert_eq!(code, "8", "RESOURCE_EXHAUSTED: {msg}");
+            assert!(msg.contains("--max-connections-per-peer"), "{msg}");
+            let _ended = tokio::time::timeout(Duration::from_secs(30), third.conn)
+                .await
+                .expect("the refused connection is closed")
+                .expect("task");
+
+            let mut other = H2::connect(a.grpc, Ipv4Addr::new(127, 0, 0, 2)).await;
+            let (resp, _body) = other.stream(DELTA, req).await;
+            let resp = resp.await.expect("response");
+            assert_eq!(resp.headers().get("grpc-status"), None, "{resp:?}");
+            let mut body = resp.into_body();
+            let first = tokio::time::timeout(Duration::from_secs(30), body.data())
+                .await
+                .expect("a response from the other address");
+            assert!(first.expect("data").expect("data").len() > 5);
+        });
+        assert_eq!(refused_conns(&a, "connections_per_peer"), 1.0);
+        assert_eq!(
+            a.metric_with(
+                "mcp_adapter_refused_streams_total",
+                "limit=\"connections_per_peer\""
+            ),
+            1.0
+        );
+    }
+
+    /// With `--max-connections 1` taken, 40 more connections at once: at most
+    /// [`OVER_LIMIT_HELD`] of them are held (to answer their streams with a status) and the
+    /// rest are closed at once; every one of them is counted and closed.
+    #[test]
+    fn connections_over_the_limit_are_closed_and_few_are_held() {
+        let (a, _dir) = adapter(
+            &["--max-connections", "1"],
+            &[("MCP_IDLE_CONNECTION_TIMEOUT", "10m")],
+        );
+        let rt = runtime();
+        let (closed_after, _within) = rt.block_on(async {
+            let within = H2::connect(a.grpc, Ipv4Addr::LOCALHOST).await;
+            let start = Instant::now();
+            let mut waits = Vec::new();
+            for _ in 0..40 {
+                let mut tcp = TcpStream::connect(a.grpc).await.expect("connect");
+                waits.push(tokio::spawn(async move {
+                    let mut buf = [0u8; 256];
+                    loop {
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => return start.elapsed(),
+                            Ok(_) => {}
+                        }
+                    }
+                }));
+            }
+            let mut closed = Vec::new();
+            for w in waits {
+                let t = tokio::time::timeout(Duration::from_secs(30), w)
+                    .await
+                    .expect("an over-limit connection stayed open")
+                    .expect("task");
+                closed.push(t);
+            }
+            closed.sort();
+            (closed, within)
+        });
+        eprintln!(
+            "40 connections over --max-connections: closed after min {:?}, median {:?}, max {:?}",
+            closed_after[0], closed_after[20], closed_after[39]
+        );
+        assert_eq!(refused_conns(&a, "connections"), 40.0);
+        assert!(
+            a.metric_with("mcp_adapter_connections", "state=\"over_limit\"") <= OVER_LIMIT_HELD
+        );
+        assert_eq!(
+            a.metric_with("mcp_adapter_connections", "state=\"served\""),
+            1.0
+        );
+    }
+
+    /// Four streams announce 16 MiB requests (the whole large-request budget at the default
+    /// `--max-request-size`) and send nothing more; an honest 20 KiB delta request is served
+    /// once `--request-receive-timeout` ends the four (before: it waited for as long as they
+    /// stalled).
+    #[test]
+    fn stalled_large_requests_give_the_budget_back() {
+        let (a, _dir) = adapter(&[], &[("MCP_REQUEST_RECEIVE_TIMEOUT", "2s")]);
+        let rt = runtime();
+        rt.block_on(async {
+            let mut stall = H2::connect(a.grpc, Ipv4Addr::LOCALHOST).await;
+            let mut stalled = Vec::new();
+            for _ in 0..4 {
+                let prefix = Bytes::from_static(&[0, 0x01, 0, 0, 0]); // 16 MiB
+                stalled.push(stall.stream(DELTA, prefix).await);
+            }
+            // The four streams run (each takes its share as it reads its prefix, right after
+            // it counts as a sink).
+            let sinks = a.admin;
+            tokio::task::spawn_blocking(move || {
+                wait_for(Duration::from_secs(30), "the four stalled streams", || {
+                    let text = e2e::http_get(sinks, "/metrics").ok()?.1;
+                    (e2e::metric_sum(&text, "mcp_adapter_connected_sinks") == 4.0).then_some(())
+                })
+            })
+            .await
+            .expect("wait");
+            let honest = delta_request(1400);
+            assert!(honest.encoded_len() > 20 << 10, "{}", honest.encoded_len());
+            let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", a.grpc))
+                .expect("endpoint")
+                .connect()
+                .await
+                .expect("connect");
+            let mut client = AggregatedDiscoveryServiceClient::new(ch);
+            let started = Instant::now();
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tx.send(honest).await.expect("send");
+            let served = tokio::time::timeout(Duration::from_secs(30), async {
+                let mut s = client
+                    .delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+                    .await
+                    .expect("opens")
+                    .into_inner();
+                s.message().await.expect("ok").expect("a response")
+            })
+            .await
+            .expect("the honest request was not served");
+            let waited = started.elapsed();
+            eprintln!(
+                "honest 20 KiB request served after {waited:?} behind four stalled 16 MiB prefixes"
+            );
+            assert!(
+                waited >= Duration::from_secs(1),
+                "the stalled prefixes held the budget until their deadline: {waited:?}"
+            );
+            assert_eq!(served.resources.len(), 3, "every ServiceEntry");
+            for (resp, _body) in stalled {
+                let (code, msg) = grpc_status(resp).await;
+                assert_eq!(code, "8", "RESOURCE_EXHAUSTED: {msg}");
+                assert!(msg.contains("--request-receive-timeout"), "{msg}");
+            }
+            drop(tx);
+        });
+        assert_eq!(
+            a.metric_with(
+                "mcp_adapter_refused_streams_total",
+                "limit=\"request_receive_timeout\""
+            ),
+            4.0
+        );
+    }
+}

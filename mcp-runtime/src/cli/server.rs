@@ -12,6 +12,8 @@ use mcp_server::limits::{
 };
 // #33 stream bounds
 use mcp_server::limits::{MAX_NODE_ID_LENGTH, MAX_RESOURCE_NAME_LENGTH, MAX_STREAM_BYTES};
+// #33 connection bounds
+use mcp_server::limits::{ConnectionBounds, MAX_CONNECTIONS_PER_PEER};
 
 /// Flags of the gRPC server's limits.
 #[derive(Clone, Debug, clap::Args)]
@@ -83,6 +85,45 @@ pub struct ServerArgs {
     /// adapter hold (delta subscriptions add up across requests); bytes or KiB/MiB/GiB.
     #[arg(long, env = "MCP_MAX_STREAM_BYTES", default_value_t = MAX_STREAM_BYTES, value_parser = stream_bytes)]
     pub max_stream_bytes: usize,
+
+    // #33 connection bounds
+    /// A connection that opened no stream this long after it was accepted is closed (istiod
+    /// opens its stream as soon as it has connected); one whose streams all ended is closed
+    /// after 1 min without one (or this, if longer). `0`: never.
+    #[arg(long, env = "MCP_IDLE_CONNECTION_TIMEOUT", default_value = "5s", value_parser = parse::duration)]
+    pub idle_connection_timeout: Duration,
+
+    /// Most TCP connections served at once from one IP address (all shard ports together);
+    /// streams on one over it are refused with RESOURCE_EXHAUSTED, and it is closed.
+    #[arg(long, env = "MCP_MAX_CONNECTIONS_PER_PEER", default_value_t = MAX_CONNECTIONS_PER_PEER, value_parser = positive)]
+    pub max_connections_per_peer: usize,
+
+    /// A request over 16 KiB must arrive whole within this long of taking its share of the
+    /// large-request budget (`--max-request-size`), or its stream ends with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MCP_REQUEST_RECEIVE_TIMEOUT", default_value = "30s", value_parser = receive_timeout)]
+    pub request_receive_timeout: Duration,
+}
+
+// #33 connection bounds
+impl ServerArgs {
+    /// The connection bounds these flags set.
+    pub fn connection_bounds(&self) -> ConnectionBounds {
+        ConnectionBounds {
+            idle_timeout: (!self.idle_connection_timeout.is_zero())
+                .then_some(self.idle_connection_timeout),
+            max_per_peer: self.max_connections_per_peer,
+            request_receive_timeout: self.request_receive_timeout,
+        }
+    }
+}
+
+/// `--request-receive-timeout`: a duration above 0.
+fn receive_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse::duration(s)?;
+    if d.is_zero() {
+        return Err(format!("invalid timeout {s:?}: must be above 0"));
+    }
+    Ok(d)
 }
 
 impl ServerArgs {
@@ -105,6 +146,7 @@ impl ServerArgs {
             self.max_connection_age_grace,
             self.unacked_threshold,
         )
+        .with_connection_bounds(self.connection_bounds())
     }
 }
 
@@ -180,6 +222,13 @@ mod tests {
             ),
             "ServerLimits::default() is the flags' defaults"
         );
+        assert_eq!(
+            l.bounds,
+            ConnectionBounds::default(),
+            "#33 connection bounds"
+        );
+        let a = parse(&["--idle-connection-timeout", "0"]).expect("ok");
+        assert_eq!(a.limits().bounds.idle_timeout, None);
         let a = parse(&["--max-connection-age", "0", "--max-request-size", "4MiB"]).expect("ok");
         assert_eq!(a.limits().max_connection_age, None);
         assert_eq!(a.max_request_size, 4 << 20);
@@ -194,6 +243,8 @@ mod tests {
             &["--max-resource-name-length", "0"],
             &["--max-node-id-length", "x"],
             &["--max-stream-bytes", "0"],
+            &["--max-connections-per-peer", "0"],
+            &["--request-receive-timeout", "0"],
         ] {
             let e = parse(bad).expect_err(bad[0]);
             let flag = bad[0].split('=').next().unwrap_or_default();
