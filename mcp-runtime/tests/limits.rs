@@ -620,3 +620,38 @@ async fn an_idle_connection_is_closed_and_the_client_reconnects() {
     assert_eq!(dials.load(Ordering::SeqCst), 2, "a new connection");
     a.stop().await;
 }
+
+/// `--max-connection-age 1s` (grace 1s): the connection of a sink that stopped reading is
+/// closed `conn::AGE_CLOSE_AFTER` after its stream ended, whatever the peer does: its place
+/// under `--max-connections 1` serves a new sink, and the adapter's shutdown does not wait for
+/// the stuck peer.
+#[tokio::test]
+async fn a_sink_that_stops_reading_loses_its_connection_after_the_age_and_grace() {
+    let a = start(|args| {
+        args.server.max_connections = 1;
+        args.server.max_connection_age = Duration::from_secs(1);
+        args.server.max_connection_age_grace = Duration::from_secs(1);
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    let (tx, stuck) = stuck_sink(a.grpc()).await;
+    let served = || sample(&a, "mcp_adapter_connections", "state=\"served\"");
+    wait_value(STEP, "its connection counted", 1.0, served).await;
+    let by = STEP + Duration::from_secs(2) + conn::AGE_CLOSE_AFTER;
+    wait_value(by, "its connection closed", 0.0, served).await;
+    let closed = started.elapsed();
+    eprintln!("the stuck connection was closed after {closed:?}");
+    assert!(
+        closed >= Duration::from_secs(2) + conn::AGE_CLOSE_AFTER,
+        "not before the age, its grace and the margin: {closed:?}"
+    );
+    let ch = channel(a.grpc()).await;
+    let (_t, mut s) = sotw(ch, xds_req(SE_V1, "")).await.expect("opens");
+    let r = s.message().await.expect("served").expect("the set");
+    assert_eq!(r.resources.len(), 2);
+    drop((_t, s));
+    tokio::time::timeout(STEP, a.stop())
+        .await
+        .expect("the shutdown does not wait for the stuck peer");
+    drop((tx, stuck));
+}

@@ -260,6 +260,10 @@ impl ConnLimiter {
             timer: Box::pin(tokio::time::sleep_until(accepted)),
             closing: Closing::Open,
             frames: self.plain.then(FrameTrack::default),
+            aged: self.limits.max_connection_age.map(|age| {
+                let at = accepted + age + self.limits.connection_age_grace + AGE_CLOSE_AFTER;
+                Box::pin(tokio::time::sleep_until(at))
+            }),
         })
     }
 }
@@ -318,6 +322,14 @@ impl Drop for Slot {
     }
 }
 
+/// At `--max-connection-age` a connection is told to go away and its streams end after
+/// `--max-connection-age-grace`; one still open this much later has a peer that stopped reading
+/// (hyper's graceful close waits for it to take what is queued, and the peer still answers
+/// pings). It is closed then, as gRPC's own servers close at the age and its grace: otherwise
+/// it keeps its place under `--max-connections` and what it was sent, for as long as the peer
+/// likes.
+pub const AGE_CLOSE_AFTER: Duration = Duration::from_secs(5);
+
 /// An accepted TCP connection as the server sees it.
 #[derive(Debug)]
 pub struct Conn {
@@ -334,6 +346,9 @@ pub struct Conn {
     closing: Closing,
     /// Where the peer's HTTP/2 frames start (`None` under TLS).
     frames: Option<FrameTrack>,
+    /// With `--max-connection-age`: fires [`AGE_CLOSE_AFTER`] after the age and its grace, when
+    /// the connection reads as ended and writes fail, whatever its peer does.
+    aged: Option<Pin<Box<Sleep>>>,
 }
 
 /// How far a connection is from being closed.
@@ -378,6 +393,22 @@ impl Connected for Conn {
 }
 
 impl Conn {
+    /// Whether the age, its grace and [`AGE_CLOSE_AFTER`] are over (registering `cx` to be
+    /// woken when they are).
+    fn aged(&mut self, cx: &mut Context<'_>) -> bool {
+        self.aged
+            .as_mut()
+            .is_some_and(|t| t.as_mut().poll(cx).is_ready())
+    }
+
+    /// What a write gets once [`Conn::aged`].
+    fn aged_error() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the connection outlived --max-connection-age and its grace: its peer stopped reading",
+        )
+    }
+
     /// The idle close is due: a GOAWAY read in if the peer is between HTTP/2 frames, else the
     /// end of input (which ends the HTTP/2 connection, or the TLS handshake). (A connection
     /// over a limit answered its streams already: it just ends.)
@@ -411,6 +442,9 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.aged(cx) {
+            self.closing = Closing::Closed;
+        }
         if self.closing == Closing::Closed {
             return Poll::Ready(Ok(()));
         }
@@ -460,10 +494,16 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.aged(cx) {
+            return Poll::Ready(Err(Self::aged_error()));
+        }
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.aged(cx) {
+            return Poll::Ready(Err(Self::aged_error()));
+        }
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
@@ -476,6 +516,9 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.aged(cx) {
+            return Poll::Ready(Err(Self::aged_error()));
+        }
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
