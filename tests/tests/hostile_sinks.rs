@@ -182,9 +182,16 @@ fn a_flood_of_streams_and_type_urls_is_refused_and_memory_stays_bounded() {
     let mut generation = 0;
     write_services(dir.path(), 1, 20, generation, 0);
     let path = dir.path().to_string_lossy().to_string();
-    let a = Adapter::start(
+    // The flood's client connects its 20 connections one after another and queues the 100
+    // streams of each behind all those before on its two threads: on a loaded machine a
+    // connection's first stream can come more than the default --idle-connection-timeout (5 s)
+    // after it connected, and the adapter rightly closes it as idle (seen: 100-400 streams
+    // failing so, 2 runs in 9). Idle connections have their own tests (`connection_bounds`);
+    // every other limit here is the default.
+    let a = Adapter::start_with_env(
         "adapter-file",
         &["--path", &path, "--poll-interval", "50ms"],
+        &[("MCP_IDLE_CONNECTION_TIMEOUT", "5m")],
     );
     a.wait_ready();
     let good = XdsSinks::start(
@@ -225,7 +232,17 @@ fn a_flood_of_streams_and_type_urls_is_refused_and_memory_stays_bounded() {
     );
     let by_url = long.count("--max-type-url-length");
     let by_streams = long.count("--max-streams");
-    assert_eq!(by_url + by_streams, 2000, "every stream refused: {long:#?}");
+    assert_eq!(
+        by_url + by_streams,
+        2000,
+        "every stream refused: {long:#?}; the adapter's warnings:\n{}",
+        a.log()
+            .lines()
+            .filter(|l| !l.contains("INFO"))
+            .take(40)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert!(by_url >= 1000, "{long:#?}");
     assert_eq!(long.count("ResourceExhausted"), 2000, "{long:#?}");
     wait_sinks(&a, 2.0, "the flood's streams ended");
