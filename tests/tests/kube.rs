@@ -303,7 +303,11 @@ fn an_adapter_started_while_the_api_server_is_down_serves_once_it_answers() {
     kube.kill();
     let a = adapter(&kube, &[]);
     // Not synced yet: unready, and the registry says why, while the watchers retry.
-    let body = a.wait_registryz(CHANGE_TIMEOUT, "/registryz 503 with the reason", 503);
+    // 503 comes at once ("not synced yet"); the reason once a list has failed.
+    let body = wait_for(CHANGE_TIMEOUT, "/registryz 503 with the reason", || {
+        let (status, body) = a.get("/registryz");
+        (status == 503 && body.contains("list/watch")).then_some(body)
+    });
     assert!(body.contains("list/watch"), "{body}");
     assert_eq!(a.get("/readyz").0, 503, "nothing to serve yet");
     assert!(a.metric("mcp_adapter_registry_retries_total") > 0.0);
