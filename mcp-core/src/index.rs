@@ -915,13 +915,20 @@ mod tests {
         let mut bad_new = mk_service("c", "10.0.0.1");
         bad_new.hosts = vec![Host::Absolute("bad_host".into())];
         idx.apply(RegistryEvent::Upsert(bad_new));
-        let _ = idx.flush();
+        // Nothing served changes: no new set, or one without it.
+        let unchanged = idx.flush();
+        assert!(
+            unchanged.as_ref().is_none_or(|s| s.get("ns/c").is_none()),
+            "c, invalid from the start, is served"
+        );
         assert_eq!(idx.quarantine().len(), 2);
 
         // Fixed: quarantine clears and the new version is served.
         idx.apply(RegistryEvent::Upsert(mk_service("a", "10.0.0.9")));
         let s = idx.flush().expect("a fixed");
         assert_ne!(s.get("ns/a").expect("a").version, a_version);
+        assert!(s.get("ns/c").is_none(), "c is still invalid: never served");
+        assert_eq!(names(&s), vec!["ns/a", "ns/b"]);
         assert_eq!(idx.quarantine().len(), 1);
     }
 

@@ -142,7 +142,9 @@ async fn a_connection_over_max_connections_is_refused_and_closed() {
         .expect("served");
     let r = ok.message().await.expect("served").expect("a response");
     tx.send(xds_ack(&r)).expect("ack");
-    let second = channel(a.grpc()).await;
+    // The second connection goes through a proxy that sees when the adapter closes it.
+    let (proxy, dials, ended) = closing_proxy(a.grpc()).await;
+    let second = channel(proxy).await;
     let status = sotw(second.clone(), xds_req(SE_V1, ""))
         .await
         .expect_err("refused");
@@ -152,12 +154,22 @@ async fn a_connection_over_max_connections_is_refused_and_closed() {
     a.handle.send(RegistryEvent::Upsert(mk_service("c", 1)));
     let r = ok.message().await.expect("served").expect("the change");
     assert_eq!(r.resources.len(), 3);
-    // The refused connection is closed: its channel fails or reconnects (to be refused again).
-    tokio::time::sleep(conn::OVER_LIMIT_LIFE + Duration::from_millis(500)).await;
+    // The refused connection is closed by the adapter within its over-limit life.
+    let deadline = tokio::time::Instant::now() + conn::OVER_LIMIT_LIFE + STEP;
+    while ended.load(Ordering::SeqCst) != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refused connection is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(dials.load(Ordering::SeqCst), 1);
+    // The channel connects again for its next stream, which is refused again.
     let again = sotw(second.clone(), xds_req(SE_V1, ""))
         .await
         .expect_err("refused");
     assert_eq!(again.code(), Code::ResourceExhausted, "{again:?}");
+    assert_eq!(dials.load(Ordering::SeqCst), 2, "a new connection");
     assert_eq!(refused(&a, "connections").await, 2.0);
     a.stop().await;
 }

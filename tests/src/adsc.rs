@@ -138,8 +138,12 @@ impl Adsc {
         self.seen.iter().filter(|e| e["event"] == "error").collect()
     }
 
-    /// Asserts that Istio's client reported no error so far.
-    pub fn assert_no_errors(&self) {
+    /// Asserts that Istio's client reported no error so far, including in the events that
+    /// arrived after the last one waited for.
+    pub fn assert_no_errors(&mut self) {
+        while let Ok(ev) = self.events.try_recv() {
+            self.seen.push(ev);
+        }
         assert!(
             self.errors().is_empty(),
             "adsc reported errors: {:?}",

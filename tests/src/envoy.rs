@@ -152,14 +152,22 @@ impl Envoy {
 
     /// The xDS update counters that move whenever istiod pushes to this proxy: CDS, LDS, and
     /// every cluster's EDS (`cluster.*.update_success` only counts EDS clusters' updates).
+    /// Each counter must be there (a missing one would read as a flat 0): CDS and LDS always
+    /// are, and at least one EDS cluster's, as every caller's proxy has clusters from
+    /// ServiceEntries with endpoints.
     pub fn xds_updates(&self) -> XdsUpdates {
         let stats = self.get("/stats?filter=update_success$");
         let value = |prefix: &str| -> u64 {
-            stats
+            let found: Vec<u64> = stats
                 .lines()
                 .filter(|l| l.starts_with(prefix))
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .sum()
+                .collect();
+            assert!(
+                !found.is_empty(),
+                "Envoy has no {prefix}*update_success counter; its stats:\n{stats}"
+            );
+            found.iter().sum()
         };
         XdsUpdates {
             cds: value("cluster_manager.cds.update_success:"),

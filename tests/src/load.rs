@@ -135,17 +135,22 @@ impl Load {
     /// Stops it; every outcome, in the order sent.
     pub fn stop(self) -> Report {
         self.stop.store(true, Ordering::SeqCst);
-        let mut outcomes: Vec<Outcome> = self
-            .threads
-            .into_iter()
-            .flat_map(|t| t.join().unwrap_or_default())
-            .collect();
+        let mut outcomes: Vec<Outcome> = join_all(self.threads);
         outcomes.sort_by_key(|o| o.at);
         Report {
             elapsed: self.started.elapsed(),
             outcomes,
         }
     }
+}
+
+/// Every thread's outcomes. A thread that panicked panics the caller with its payload: its
+/// outcomes are lost, and the others alone could still meet a rate or failure bound.
+fn join_all<T>(threads: Vec<std::thread::JoinHandle<Vec<T>>>) -> Vec<T> {
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        .collect()
 }
 
 /// What a [`Load`] saw.
@@ -198,5 +203,29 @@ impl Report {
             }
         }
         m
+    }
+}
+
+#[cfg(test)]
+mod join_tests {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    use super::join_all;
+
+    #[test]
+    fn a_panicking_load_thread_panics_the_report() {
+        let ok = std::thread::spawn(|| vec![1, 2]);
+        let bad = std::thread::spawn(|| -> Vec<i32> { panic!("a load thread failed") });
+        let joined = catch_unwind(AssertUnwindSafe(|| join_all(vec![ok, bad])));
+        let payload = joined.expect_err("the panic reaches the caller");
+        assert_eq!(
+            payload.downcast_ref::<&str>(),
+            Some(&"a load thread failed")
+        );
+        let fine = join_all(vec![
+            std::thread::spawn(|| vec![3]),
+            std::thread::spawn(|| vec![4]),
+        ]);
+        assert_eq!(fine, [3, 4]);
     }
 }

@@ -196,6 +196,8 @@ fn sigterm_shuts_down_gracefully_with_a_sink_connected() {
     std::fs::write(dir.path().join("a.yaml"), se("a", "10.0.0.1")).expect("write");
     let mut adapter = start(dir.path());
     // A sink stays connected (mcpctl --watch) while the adapter is told to stop.
+    let (out, err) = (dir.path().join("sink.out"), dir.path().join("sink.err"));
+    let file = |p: &Path| std::fs::File::create(p).expect("sink output file");
     let mut watch = Command::new(workspace_bin("mcpctl"))
         .args([
             "get",
@@ -206,8 +208,8 @@ fn sigterm_shuts_down_gracefully_with_a_sink_connected() {
             "-o",
             "json",
         ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stdout(file(&out))
+        .stderr(file(&err))
         .spawn()
         .expect("mcpctl --watch");
     wait_for(Duration::from_secs(10), "sink connected", || {
@@ -226,8 +228,27 @@ fn sigterm_shuts_down_gracefully_with_a_sink_connected() {
         adapter.log()
     );
     assert!(adapter.log().contains("Shutting down"), "{}", adapter.log());
-    let _ = watch.kill();
-    let _ = watch.wait();
+    // The sink got the set, then learned that the stream ended (it does not hang on a
+    // connection nobody serves) and exited with the reason.
+    let exited = wait_for(Duration::from_secs(10), "the sink to exit", || {
+        watch.try_wait().expect("mcpctl status")
+    });
+    let (seen, said) = (
+        std::fs::read_to_string(&out).expect("sink output"),
+        std::fs::read_to_string(&err).expect("sink errors"),
+    );
+    let sets: Vec<serde_json::Value> = seen
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line per set"))
+        .collect();
+    assert_eq!(sets.len(), 1, "one set, then the end: {seen}");
+    let items = sets[0]["items"].as_array().expect("items");
+    assert_eq!(names(items), ["ns/a"], "{seen}");
+    assert!(
+        !exited.success(),
+        "the end of the stream is an error to a watch"
+    );
+    assert!(said.contains("closed the stream"), "mcpctl said: {said}");
 }
 
 /// Starts the adapter on several paths with the same flags as [`start`].

@@ -1,5 +1,6 @@
-//! docker/Dockerfile and docker/compose.yaml, checked without a container engine (none runs on our
-//! machines). The compose file is validated by `compose-check` (docker/compose-check: compose-go,
+//! docker/Dockerfile and docker/compose.yaml, read as text: what the files say, not what they
+//! do (building the images and bringing the demo up with a real engine is
+//! tests/tests/containers.rs). The compose file is validated by `compose-check` (docker/compose-check: compose-go,
 //! the loader `docker compose config` itself uses, with the Compose Specification JSON schema),
 //! built by scripts/test.sh into target/compose-check; that test is ignored without it:
 //!   COMPOSE_CHECK=target/compose-check cargo test -p e2e --test docker_compose -- --include-ignored
@@ -143,7 +144,7 @@ fn every_compose_image_is_pinned() {
 }
 
 #[test]
-fn compose_runs_the_demo_adapters_as_built_by_the_dockerfile() {
+fn compose_file_names_each_adapters_image_and_a_dockerfile_stage_for_it() {
     let c = compose();
     let adapters = adapter_services(&c);
     for want in [
@@ -410,7 +411,7 @@ fn instr<'a>(s: &'a Stage, word: &str) -> Vec<&'a str> {
 }
 
 #[test]
-fn dockerfile_builds_once_and_yields_one_nonroot_image_per_adapter() {
+fn dockerfile_text_has_one_builder_stage_and_a_nonroot_stage_per_adapter() {
     let stages = dockerfile_stages();
     let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
     for s in &stages {
@@ -1092,7 +1093,7 @@ fn envoy_validates_the_mounted_bootstrap_and_the_healthcheck_waits_for_live() {
 }
 
 #[test]
-fn adapter_eureka_reads_the_eureka_service() {
+fn adapter_eureka_is_configured_with_the_eureka_services_url() {
     let c = compose();
     let a = service(&c, "adapter-eureka");
     let url = env_var(a, "EUREKA_URL")
@@ -1149,7 +1150,7 @@ fn between<'a>(s: &'a str, open: &str, close: &str) -> &'a str {
 }
 
 #[test]
-fn eureka_image_is_the_test_server_built_with_maven_and_run_on_a_jre() {
+fn eureka_service_names_a_maven_stage_for_the_test_server_and_a_jre_to_run_it() {
     let c = compose();
     let e = service(&c, "eureka");
     assert_eq!(

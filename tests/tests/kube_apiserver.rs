@@ -116,23 +116,12 @@ fn namespace_service_endpointslice_and_rbac() {
         .is_none());
     assert!(!kube.delete("/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices/cart-1"));
 
-    // The kubeconfig works for a standard client (kubectl when installed).
+    // The kubeconfig carries the admin token: adapter-kube's tests start it with this file, so
+    // a client reading it is tested there (kubectl is not one of the peers the test command
+    // builds, and a check skipped where it is missing proved nothing).
     assert!(std::fs::read_to_string(kube.kubeconfig())
         .expect("kubeconfig")
         .contains(ADMIN_TOKEN));
-    if let Ok(out) = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kube.kubeconfig())
-        .args(["get", "services", "-n", "shop", "-o", "name"])
-        .output()
-    {
-        assert!(
-            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("service/cart"),
-            "kubectl: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
 }
 
 #[test]
