@@ -346,20 +346,65 @@ async fn legacy_mcp_incremental() {
     assert!(u.incremental);
 }
 
+/// The server is not up when the sink starts: first nothing listens (connection refused), then
+/// a listener hangs up on every connection at once (what a sink meets behind a port forward or
+/// Service whose backend is starting, or at an adapter over `--max-connections`). The sink keeps
+/// retrying through both and subscribes once the server serves. The hang-ups are counted, so
+/// the test shows attempts failed before the server was up instead of assuming it from a sleep.
 #[tokio::test]
 async fn connect_retries_until_server_is_up() {
     let (l, port) = listener().await;
     drop(l);
     let mut opts = SinkOptions::new(format!("xds://127.0.0.1:{port}"));
-    opts.connect_timeout = Duration::from_secs(5);
+    opts.connect_timeout = Duration::from_secs(20);
     let connecting = tokio::spawn(Sink::connect(opts));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Refused attempts cannot be seen from here; what refusal does to a sink is shown by
+    // `a_server_that_never_comes_up_is_reported_unreachable` below.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let l = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap();
+    const HANG_UPS: usize = 3;
+    for i in 0..HANG_UPS {
+        let Ok(accepted) = tokio::time::timeout(Duration::from_secs(10), l.accept()).await else {
+            panic!(
+                "the sink did not try again after {i} hang-ups: {:?}",
+                connecting.await
+            );
+        };
+        drop(accepted.unwrap());
+    }
+    assert!(
+        !connecting.is_finished(),
+        "the sink gave up or connected while the server only hung up: {:?}",
+        connecting.await
+    );
     let (mut h, _h2) = serve_ads_on(l);
     let _sink = connecting.await.unwrap().unwrap();
     assert_eq!(h.request().await.type_url, ApiVersion::V1.type_url());
+}
+
+/// Refused connections are retried until the connect timeout, which then names the refusal.
+#[tokio::test]
+async fn a_server_that_never_comes_up_is_reported_unreachable() {
+    let (l, port) = listener().await;
+    drop(l);
+    let mut opts = SinkOptions::new(format!("xds://127.0.0.1:{port}"));
+    opts.connect_timeout = Duration::from_millis(600);
+    let started = std::time::Instant::now();
+    let err = Sink::connect(opts).await.unwrap_err();
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "gave up after {:?}, before the timeout",
+        started.elapsed()
+    );
+    match &err {
+        SinkError::Unreachable { last_error, .. } => assert!(
+            last_error.to_lowercase().contains("refused"),
+            "the last error names the refusal: {last_error}"
+        ),
+        other => panic!("not Unreachable: {other}"),
+    }
 }
 
 #[tokio::test]

@@ -369,8 +369,11 @@ async fn open(
         .await
         .map_err(|e| Attempt::Retry(error_chain(&e)))?;
     let status = |s: tonic::Status| {
-        // Unavailable covers a server that accepted the connection but is not serving yet.
-        if s.code() == tonic::Code::Unavailable {
+        // Unavailable covers a server that accepted the connection but is not serving yet;
+        // Cancelled, a connection that ended before the stream was answered (this sink cancels
+        // nothing while it connects): a server that hangs up at once, as an adapter over
+        // `--max-connections` or a port forward to a backend that is starting does.
+        if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Cancelled) {
             Attempt::Retry(format!("{:?}: {}", s.code(), s.message()))
         } else {
             Attempt::Fatal(stream_error(&opts.server, &s))
