@@ -26,6 +26,7 @@ use mcpctl::sink::{Sink, SinkOptions};
 use serde_json::{json, Value};
 
 use e2e::backend::Backend;
+use e2e::envoy::XdsRejects;
 use e2e::istiod::IstiodConfig;
 use e2e::kube::KubeApiServer;
 use e2e::load::Load;
@@ -313,10 +314,19 @@ fn main() {
         let row = measure(&mut src, backends, insts, rounds);
         rows.push((src.name(), row));
     }
+    // Envoy's own reject counters (each must be there) are 0; istiod's is "absent or 0" (it
+    // creates the series at its first reject: see `World::no_rejects` in tests/traffic.rs,
+    // whose test also shows that a reject makes it appear).
+    assert_eq!(
+        mesh.envoy.xds_rejects(),
+        XdsRejects::default(),
+        "Envoy rejected config; it logged:\n{}",
+        mesh.envoy.rejections_logged()
+    );
     assert_eq!(
         mesh.istiod.metric("pilot_total_xds_rejects"),
         0.0,
-        "Envoy rejected config"
+        "istiod heard of a reject Envoy does not count"
     );
 
     println!(

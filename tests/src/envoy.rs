@@ -157,22 +157,39 @@ impl Envoy {
     /// ServiceEntries with endpoints.
     pub fn xds_updates(&self) -> XdsUpdates {
         let stats = self.get("/stats?filter=update_success$");
-        let value = |prefix: &str| -> u64 {
-            let found: Vec<u64> = stats
-                .lines()
-                .filter(|l| l.starts_with(prefix))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .collect();
-            assert!(
-                !found.is_empty(),
-                "Envoy has no {prefix}*update_success counter; its stats:\n{stats}"
-            );
-            found.iter().sum()
-        };
         XdsUpdates {
-            cds: value("cluster_manager.cds.update_success:"),
-            lds: value("listener_manager.lds.update_success:"),
-            eds: value("cluster.outbound|"),
+            cds: counter_sum(&stats, "cluster_manager.cds.update_success", |n| {
+                n == "cluster_manager.cds.update_success"
+            }),
+            lds: counter_sum(&stats, "listener_manager.lds.update_success", |n| {
+                n == "listener_manager.lds.update_success"
+            }),
+            eds: counter_sum(&stats, "cluster.outbound|*.update_success", |n| {
+                n.starts_with("cluster.outbound|")
+            }),
+        }
+    }
+
+    /// Envoy's own count of the xDS updates it rejected (NACKed: invalid, or failed to apply),
+    /// per type. Each counter must be there, as in [`Envoy::xds_updates`] (a missing one would
+    /// read as 0, a reject that could never be seen): CDS and LDS always are, RDS for the HTTP
+    /// listeners (every caller's proxy has one, for port 18080 or the bench's service) and EDS
+    /// for the clusters from ServiceEntries with endpoints.
+    pub fn xds_rejects(&self) -> XdsRejects {
+        let stats = self.get("/stats?filter=update_rejected$");
+        XdsRejects {
+            cds: counter_sum(&stats, "cluster_manager.cds.update_rejected", |n| {
+                n == "cluster_manager.cds.update_rejected"
+            }),
+            lds: counter_sum(&stats, "listener_manager.lds.update_rejected", |n| {
+                n == "listener_manager.lds.update_rejected"
+            }),
+            rds: counter_sum(&stats, "http.*.rds.*.update_rejected", |n| {
+                n.starts_with("http.") && n.contains(".rds.")
+            }),
+            eds: counter_sum(&stats, "cluster.outbound|*.update_rejected", |n| {
+                n.starts_with("cluster.outbound|")
+            }),
         }
     }
 
@@ -241,10 +258,37 @@ impl Envoy {
         self.process.log()
     }
 
+    /// The lines of its log that say why it rejected an xDS update (`gRPC config for
+    /// type.googleapis.com/envoy.config.cluster.v3.Cluster rejected: ...`).
+    pub fn rejections_logged(&self) -> String {
+        self.log()
+            .lines()
+            .filter(|l| l.contains(" rejected"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The last `lines` lines of the log.
     pub fn log_tail(&self, lines: usize) -> String {
         self.process.log_tail(lines)
     }
+}
+
+/// The sum of the counters among `stats` (`/stats` lines, `name: value`) whose name `pick`
+/// takes; panics when there is none (`what` names them in the message).
+fn counter_sum(stats: &str, what: &str, pick: impl Fn(&str) -> bool) -> u64 {
+    let found: Vec<u64> = stats
+        .lines()
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(": ")?;
+            pick(name).then(|| value.trim().parse::<u64>().ok())?
+        })
+        .collect();
+    assert!(
+        !found.is_empty(),
+        "Envoy has no {what} counter; its stats:\n{stats}"
+    );
+    found.iter().sum()
 }
 
 /// Envoy's xDS update counters at one moment (see [`Envoy::xds_updates`]).
@@ -255,5 +299,18 @@ pub struct XdsUpdates {
     /// `listener_manager.lds.update_success`.
     pub lds: u64,
     /// Sum of `cluster.outbound|*.update_success` (EDS).
+    pub eds: u64,
+}
+
+/// Envoy's counts of rejected xDS updates at one moment (see [`Envoy::xds_rejects`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XdsRejects {
+    /// `cluster_manager.cds.update_rejected`.
+    pub cds: u64,
+    /// `listener_manager.lds.update_rejected`.
+    pub lds: u64,
+    /// Sum of `http.*.rds.*.update_rejected` (every HTTP listener's route configuration).
+    pub rds: u64,
+    /// Sum of `cluster.outbound|*.update_rejected` (EDS).
     pub eds: u64,
 }
