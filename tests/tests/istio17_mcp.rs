@@ -2,7 +2,8 @@
 //! Pilot 1.7 wires it: `tests/go-peers/istio17-sink`) against adapter-file over
 //! `istio.mcp.v1alpha1.ResourceSource/EstablishResourceStream`: it asks for every collection
 //! Pilot 1.7 reads, gets exactly the served ServiceEntries (decoded by Istio 1.7's own gogo types),
-//! then an edit and a removal, full state and incremental, and ACKs every response.
+//! then an edit, a removal and an adapter restart, full state and incremental, and ACKs every
+//! response.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -231,7 +232,7 @@ fn istio_1_7_sink_reads_full_state_edits_and_removals() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("a.yaml"), se("a", "10.0.0.1")).expect("write");
     std::fs::write(dir.path().join("b.yaml"), se("b", "10.0.0.2")).expect("write");
-    let adapter = start_adapter(dir.path());
+    let mut adapter = start_adapter(dir.path());
     let mut sink = Sink17::start(adapter.grpc, false, dir.path());
 
     let first = sink.next_service_entries("the first ServiceEntries");
@@ -273,6 +274,16 @@ fn istio_1_7_sink_reads_full_state_edits_and_removals() {
     assert_eq!(sink.count("apply", SERVICE_ENTRIES), 3, "{:?}", sink.seen);
     assert_eq!(sink.count("ack", SERVICE_ENTRIES), 3, "{:?}", sink.seen);
     wait_adapter_acks(&adapter, asked.len() + 2);
+
+    // The adapter restarts: Istio's client reconnects on its own and gets the same set at the
+    // same version (a content hash), so Pilot would push nothing.
+    adapter.restart();
+    let again = sink.next_service_entries("the full state after the adapter restarted");
+    assert_eq!(names(&again), ["ns/a"], "{again}");
+    assert_eq!(
+        objects(&again)["ns/a"]["version"],
+        objects(&removed)["ns/a"]["version"]
+    );
     sink.assert_no_nack();
 }
 
@@ -282,7 +293,7 @@ fn istio_1_7_sink_with_incremental_mcp_gets_only_changes() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("a.yaml"), se("a", "10.0.0.1")).expect("write");
     std::fs::write(dir.path().join("b.yaml"), se("b", "10.0.0.2")).expect("write");
-    let adapter = start_adapter(dir.path());
+    let mut adapter = start_adapter(dir.path());
     // PILOT_ENABLE_INCREMENTAL_MCP=true: every collection asked for incrementally.
     let mut sink = Sink17::start(adapter.grpc, true, dir.path());
 
@@ -313,5 +324,19 @@ fn istio_1_7_sink_with_incremental_mcp_gets_only_changes() {
     });
     assert_eq!(sink.count("ack", SERVICE_ENTRIES), 3, "{:?}", sink.seen);
     wait_adapter_acks(&adapter, asked.len() + 2);
+
+    // While the adapter is down a service is added. Istio's client reconnects with the versions
+    // it holds (initial_resource_versions) and gets only what it lacks: c, not a again.
+    adapter.kill();
+    std::fs::write(dir.path().join("c.yaml"), se("c", "10.0.0.3")).expect("write");
+    adapter.restart();
+    let resumed = sink.next_service_entries("the changes after the adapter restarted");
+    assert_eq!(resumed["incremental"], true, "{resumed}");
+    assert_eq!(names(&resumed), ["ns/c"], "{resumed}");
+    assert_eq!(
+        strings(&resumed["removed"]),
+        Vec::<String>::new(),
+        "{resumed}"
+    );
     sink.assert_no_nack();
 }
