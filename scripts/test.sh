@@ -7,7 +7,9 @@
 #     (pilot-discovery, unmodified, the same Istio) into target/istio, and a Kubernetes API
 #     server with embedded etcd into target/kube (cold: ~13 min on 2 busy cores, ~3.5 GB of
 #     build cache; built separately they took ~31 min; warm: ~3 s); then the Istio 1.22 MCP
-#     client into target/adsc (a module of its own; cold: ~3 min more; warm: ~5 s);
+#     client into target/adsc (a module of its own; cold: ~3 min more; warm: ~5 s), and Istio
+#     1.7's legacy MCP sink (istio.io/istio/pkg/mcp/sink) into target/adsc/mcp-sink-1.7 (a
+#     module of its own, by tests/go-peers/build.sh; cold: ~2.5 min more; warm: ~4 s);
 #   - helm (helm.sh/helm/v3), built from the Go module proxy into target/helm for the chart's
 #     tests (tests/helm: a module of its own at the go-peers build list's versions, so most of
 #     its packages come from their build cache; cold after them: ~15 s; warm: ~1 s);
