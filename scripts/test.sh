@@ -105,3 +105,16 @@ ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" HELM_BIN="$PWD/target/helm/helm" \
   COMPOSE_BIN="$PWD/target/compose/docker-compose" \
   cargo test --workspace -- --include-ignored
+
+# Every bench (`cargo bench`'s targets: mcp-runtime/benches, tests/benches) once, at a tiny size
+# with one short iteration (MCP_BENCH_SMOKE=1), so that none rots between real runs. Dev profile
+# (no release build), after the binaries and peers above; criterion's benches run each function
+# once (its test mode). Then benchmarks/idle_connections.py with 10 connections. Nothing about
+# timing is asserted: a bench that panics or errors fails, and so does one that hangs (the whole
+# step is given 20 minutes; measured: 3-8 minutes with compiling the bench binaries).
+step "bench smoke runs (MCP_BENCH_SMOKE=1 cargo test --workspace --bench '*'; idle_connections.py)"
+MCP_BENCH_SMOKE=1 ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
+  PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
+  EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" \
+  timeout 20m cargo test --workspace --bench '*'
+benchmarks/idle_connections.py target/debug/adapter-file preface 10

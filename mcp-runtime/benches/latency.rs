@@ -46,7 +46,10 @@ use common::{
     delta_subscribe, http_get, machine, services, sotw_subscribe, start_fake, translate_config, SE,
 };
 
-const ITERATIONS: usize = 500;
+/// Changes per case (5 under `MCP_BENCH_SMOKE`).
+fn iterations() -> usize {
+    common::scaled(500, 5)
+}
 const ENDPOINTS: usize = 10;
 const TARGET_P99_MS: f64 = 10.0;
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -165,7 +168,7 @@ async fn sotw(n: usize, noop: bool) -> (Measured, DiscoveryResponse, Option<Noop
 
     let mut hist = histogram();
     let mut last = first;
-    for k in 0..ITERATIONS {
+    for k in 0..iterations() {
         let s = changed(&mut current, k);
         let t0 = Instant::now();
         handle.send(RegistryEvent::Upsert(s));
@@ -254,7 +257,7 @@ async fn delta(n: usize) -> (Measured, DeltaDiscoveryResponse) {
 
     let mut hist = histogram();
     let mut last = None;
-    for k in 0..ITERATIONS {
+    for k in 0..iterations() {
         let s = changed(&mut current, k);
         let want = format!("fake/{}", s.key.name);
         let t0 = Instant::now();
@@ -391,7 +394,7 @@ async fn floor_sotw(resp: DiscoveryResponse, accept: Accept) -> Histogram<u64> {
     let (tx, mut stream) = sotw_subscribe(addr, node()).await;
     let mut r = next_sotw(&mut stream).await;
     let mut hist = histogram();
-    for _ in 0..ITERATIONS {
+    for _ in 0..iterations() {
         let t0 = Instant::now();
         tx.send(sotw_ack(&r)).expect("send");
         r = next_sotw(&mut stream).await;
@@ -415,7 +418,7 @@ async fn floor_delta(resp: DeltaDiscoveryResponse, accept: Accept) -> Histogram<
     let (tx, mut stream) = delta_subscribe(addr, node()).await;
     let mut r = next_delta(&mut stream).await;
     let mut hist = histogram();
-    for _ in 0..ITERATIONS {
+    for _ in 0..iterations() {
         let t0 = Instant::now();
         tx.send(DeltaDiscoveryRequest {
             type_url: r.type_url.clone(),
@@ -480,7 +483,7 @@ fn breakdown(n: usize) -> (Histogram<u64>, Histogram<u64>, Histogram<u64>) {
         .expect("full")
         .nonce;
     let (mut h_flush, mut h_sotw, mut h_delta) = (histogram(), histogram(), histogram());
-    for k in 0..ITERATIONS {
+    for k in 0..iterations() {
         sotw.on_request(req(&sotw_nonce, false), Some(&snap));
         delta.on_request(req(&delta_nonce, true), Some(&snap));
         idx.apply(RegistryEvent::Upsert(changed(&mut current, k)));
@@ -526,8 +529,9 @@ async fn run() {
     let mut rows = Vec::new();
     let mut noop = None;
 
-    for n in [100, 1000] {
-        let (ours, wire, relist) = sotw(n, n == 1000).await;
+    let (small, large) = (common::scaled(100, 10), common::scaled(1000, 20));
+    for n in [small, large] {
+        let (ours, wire, relist) = sotw(n, n == large).await;
         if relist.is_some() {
             noop = relist;
         }
@@ -546,7 +550,7 @@ async fn run() {
             v.parse()
                 .unwrap_or_else(|_| panic!("MCP_BENCH_DELTA_SERVICES={v}: not a number"))
         })
-        .unwrap_or(10_000);
+        .unwrap_or(common::scaled(10_000, 30));
     {
         let n = delta_services;
         let (ours, wire) = delta(n).await;
@@ -561,15 +565,16 @@ async fn run() {
     }
     // The breakdown also runs at the delta case's size when that is larger, so the in-process
     // cost at issue #12's scale is printed next to its network latency.
-    let mut sizes = vec![1000, 10_000];
-    if delta_services > 10_000 {
+    let mut sizes = vec![common::scaled(1000, 10), common::scaled(10_000, 30)];
+    if delta_services > sizes[1] {
         sizes.push(delta_services);
     }
     let breakdowns: Vec<_> = sizes.into_iter().map(|n| (n, breakdown(n))).collect();
 
     println!();
     println!(
-        "== one-service change -> sink latency ({ITERATIONS} changes each, {ENDPOINTS} endpoints/service, coalescing off) =="
+        "== one-service change -> sink latency ({} changes each, {ENDPOINTS} endpoints/service, coalescing off) ==",
+        iterations()
     );
     println!("machine: {}", machine());
     println!("floor = bare tonic ADS server (TCP_NODELAY, as tonic's Server::serve) replaying our exact response bytes per request");
@@ -621,7 +626,7 @@ async fn run() {
     }
     if let Some(n) = noop {
         println!();
-        println!("== no-op relist (same Reset x100 at N=1000, then 1 s wait) ==");
+        println!("== no-op relist (same Reset x100 at N={large}, then 1 s wait) ==");
         println!(
             "responses received: {}   mcp_adapter_pushes_total: {} -> {}   mcp_adapter_snapshots_total: {} -> {}   {}",
             n.responses,

@@ -28,7 +28,10 @@ use prost::Message;
 
 use common::{http_get, machine, services, sotw_subscribe, start_fake};
 
-const SERVICES: usize = 10_000;
+/// Services published (100 under `MCP_BENCH_SMOKE`).
+fn service_count() -> usize {
+    common::scaled(10_000, 100)
+}
 const ENDPOINTS: usize = 10;
 /// Sinks connected at step 3 (override with `MCP_BENCH_SINKS`).
 const SINKS: usize = 5;
@@ -94,7 +97,8 @@ async fn run() {
     let sinks: usize = std::env::var("MCP_BENCH_SINKS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(SINKS);
+        .unwrap_or(common::scaled(SINKS, 1));
+    let services_n = service_count();
     let mut rows: Vec<(String, Mem)> = vec![("process start".into(), Proc::This.mem())];
 
     let (running, handle) = start_fake().await;
@@ -103,13 +107,16 @@ async fn run() {
     rows.push(("runtime started, empty (floor)".into(), floor));
 
     // The registry's input: the adapter owns it until the writer has consumed the Reset.
-    let input = services(SERVICES, ENDPOINTS);
-    rows.push(("+ model input built (10k x 10)".into(), Proc::This.mem()));
+    let input = services(services_n, ENDPOINTS);
+    rows.push((
+        format!("+ model input built ({services_n} x {ENDPOINTS})"),
+        Proc::This.mem(),
+    ));
     let t = Instant::now();
     handle.send(RegistryEvent::Reset(input));
     loop {
         let m = http_get(running.admin_addr, "/metrics").await;
-        if metric_sum(&m, "mcp_adapter_resources") as usize == SERVICES {
+        if metric_sum(&m, "mcp_adapter_resources") as usize == services_n {
             break;
         }
         assert!(t.elapsed() < Duration::from_secs(60), "snapshot published");
@@ -118,7 +125,7 @@ async fn run() {
     let publish_s = t.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let published = Proc::This.mem();
-    rows.push(("10k x 10 published".into(), published));
+    rows.push((format!("{services_n} x {ENDPOINTS} published"), published));
 
     let mut child = Command::new(std::env::current_exe().expect("current exe"))
         .args([
@@ -138,7 +145,7 @@ async fn run() {
     let resources: usize = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     let response_bytes: usize = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     assert_eq!(
-        resources, SERVICES,
+        resources, services_n,
         "child sinks got the full snapshot: {line}"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -154,8 +161,8 @@ async fn run() {
 
     println!();
     println!(
-        "== memory, {SERVICES} services x {ENDPOINTS} endpoints = {} endpoints ==",
-        SERVICES * ENDPOINTS
+        "== memory, {services_n} services x {ENDPOINTS} endpoints = {} endpoints ==",
+        services_n * ENDPOINTS
     );
     println!("machine: {}", machine());
     println!(

@@ -34,7 +34,7 @@ fn main() {
     let services: usize = std::env::var("MODEL_SIZE_SERVICES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(SERVICES);
+        .unwrap_or(common::scaled(SERVICES, 100));
     let endpoints = services * ENDPOINTS;
     // Warm up the allocator and the code paths on a small model first.
     black_box(model(100));

@@ -35,7 +35,13 @@ fn main() {
     let sizes: Vec<usize> = std::env::var("STATE_FILE_SERVICES")
         .ok()
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-        .unwrap_or_else(|| SIZES.to_vec());
+        .unwrap_or_else(|| {
+            if common::smoke() {
+                vec![10]
+            } else {
+                SIZES.to_vec()
+            }
+        });
     let dir = std::env::temp_dir().join(format!("mcp-state-file-size-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory for the files");
     println!();

@@ -51,7 +51,7 @@ fn service_count() -> usize {
             v.parse()
                 .unwrap_or_else(|_| panic!("MCP_BENCH_SERVICES={v}: not a number"))
         })
-        .unwrap_or(SERVICES)
+        .unwrap_or(common::scaled(SERVICES, 20))
 }
 
 /// The target of `bench` at `n` services, if there is one.
@@ -171,10 +171,17 @@ fn mean_ms(n: usize, mut f: impl FnMut() -> Duration) -> f64 {
 }
 
 fn main() {
+    // Under MCP_BENCH_SMOKE (or `cargo test --benches`, criterion's test mode) each bench runs
+    // once or for a moment.
+    let (warm_up, measure) = if common::smoke() {
+        (Duration::from_millis(1), Duration::from_millis(10))
+    } else {
+        (Duration::from_secs(1), Duration::from_secs(4))
+    };
     let mut c = Criterion::default()
         .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(4))
+        .warm_up_time(warm_up)
+        .measurement_time(measure)
         .configure_from_args();
 
     let n = service_count();
@@ -266,16 +273,16 @@ fn main() {
 
     // Summary: our own timing loop (same process, interleaved) so the table does not depend on
     // parsing criterion's output.
-    const RUNS: usize = 10;
+    let runs = common::scaled(10, 1);
     let mut rows: Vec<(&str, f64)> = Vec::new();
-    let floor_ms = mean_ms(RUNS, || {
+    let floor_ms = mean_ms(runs, || {
         let t = Instant::now();
         black_box(floor(&services, &cfg));
         t.elapsed()
     });
     rows.push((
         "ours/translate+encode",
-        mean_ms(RUNS, || {
+        mean_ms(runs, || {
             let s = services.clone();
             let t = Instant::now();
             black_box(ours(s, &cfg));
@@ -284,7 +291,7 @@ fn main() {
     ));
     rows.push((
         "ours/index_reset_flush",
-        mean_ms(RUNS, || {
+        mean_ms(runs, || {
             let mut idx = new_index();
             let s = services.clone();
             let t = Instant::now();
@@ -296,7 +303,7 @@ fn main() {
     ));
     rows.push((
         "ours/translate_only",
-        mean_ms(RUNS, || {
+        mean_ms(runs, || {
             let s = services.clone();
             let t = Instant::now();
             for s in s {
@@ -307,7 +314,7 @@ fn main() {
     ));
     rows.push((
         "ours/encode_only",
-        mean_ms(RUNS, || {
+        mean_ms(runs, || {
             let t = Instant::now();
             for tr in &translated {
                 black_box(encode(tr));
@@ -317,7 +324,7 @@ fn main() {
     ));
 
     println!();
-    println!("== translate+encode, {n} services x {ENDPOINTS} endpoints (mean of {RUNS} runs, ms per snapshot) ==");
+    println!("== translate+encode, {n} services x {ENDPOINTS} endpoints (mean of {runs} runs, ms per snapshot) ==");
     println!("encoded bytes: ours {ours_bytes}, floor {floor_bytes}");
     println!(
         "{:<26} {:>10} {:>10} {:>8} {:>8} {:>6}",

@@ -15,8 +15,16 @@ use latency::{histogram, p50_p99_ratios, print_quantiles, record};
 use mcpctl::sink::{Sink, SinkOptions};
 
 mod latency;
+mod smoke;
 
-const ROUNDS: usize = 200;
+/// Check flips per phase (2 in a smoke run).
+fn rounds() -> usize {
+    smoke::scaled(200, 2)
+}
+/// Services registered (svc-7 is the one that changes; 8 in a smoke run).
+fn service_count() -> usize {
+    smoke::scaled(50, 8)
+}
 
 fn endpoints(u: &mcpctl::sink::Update, name: &str) -> usize {
     u.state
@@ -52,11 +60,11 @@ fn http_raw(consul: &Consul, path: &str) -> String {
     out
 }
 
-/// Flips svc-7-3's check ROUNDS times and records how long until the sink holds each change;
+/// Flips svc-7-3's check `rounds()` times and records how long until the sink holds each change;
 /// `pause` between flips makes them isolated, `None` is sustained churn.
 async fn flips(sink: &mut Sink, consul: &Consul, pause: Option<Duration>) -> Histogram<u64> {
     let mut h = histogram();
-    for round in 0..ROUNDS {
+    for round in 0..rounds() {
         if let Some(p) = pause {
             tokio::time::sleep(p).await;
         }
@@ -80,7 +88,7 @@ async fn flips(sink: &mut Sink, consul: &Consul, pause: Option<Duration>) -> His
 
 fn main() {
     let consul = Consul::start(None);
-    for s in 0..50 {
+    for s in 0..service_count() {
         for i in 0..10 {
             let (node, service, id) = (
                 format!("node-{i}"),
@@ -110,7 +118,7 @@ fn main() {
 
     // Floor: Consul's blocking query on the same service, woken by the same write.
     let mut floor = histogram();
-    for round in 0..ROUNDS {
+    for round in 0..rounds() {
         let index = consul_index(&consul, "/v1/health/service/svc-7");
         let addr = consul.http;
         let waiter = std::thread::spawn(move || {
@@ -147,7 +155,11 @@ fn main() {
         let churn = flips(&mut sink, &consul, None).await;
         (isolated, churn)
     });
-    println!("change-to-sink latency on real Consul ({} services x 10 instances, {ROUNDS} check flips, coalescing off)", 50);
+    println!(
+        "change-to-sink latency on real Consul ({} services x 10 instances, {} check flips, coalescing off)",
+        service_count(),
+        rounds()
+    );
     report("floor: consul blocking query wakes up", &floor);
     report("adapter-consul -> xDS sink, isolated changes", &ours);
     report("same, sustained churn (rate limit 1 query/50ms)", &churn);

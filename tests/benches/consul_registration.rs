@@ -25,6 +25,7 @@ use latency::{histogram, histogram_of, p50_p99_ratios, print_quantiles, record};
 use mcpctl::sink::{Sink, SinkOptions};
 
 mod latency;
+mod smoke;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -142,8 +143,8 @@ fn requests(a: &Adapter, label: &str) -> f64 {
 }
 
 fn main() {
-    let services = env_or("BENCH_SERVICES", 5000);
-    let rounds = env_or("BENCH_ROUNDS", 100);
+    let services = env_or("BENCH_SERVICES", smoke::scaled(5000, 20));
+    let rounds = env_or("BENCH_ROUNDS", smoke::scaled(100, 2));
     let own_watches = env_or("BENCH_SERVICE_WATCHES", services + 200);
     let limits = format!(
         "limits {{ http_max_conns_per_client = {} }}",
@@ -250,7 +251,13 @@ fn main() {
         // Phase 3: churn on five services (an instance added, then removed, in turn): with
         // fewer own queries than services, the ones that change take them.
         for round in 0..rounds {
-            let s = HOT[round % HOT.len()];
+            // (A smoke run's 20 services: the last ones, which phase 2's two rounds miss.)
+            let i = round % HOT.len();
+            let s = if HOT[i] < services {
+                HOT[i]
+            } else {
+                services - 1 - i
+            };
             let add = (round / HOT.len()).is_multiple_of(2);
             hot.change(&consul, &adapter, &mut sink, s, add).await;
         }

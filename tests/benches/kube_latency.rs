@@ -17,6 +17,7 @@ use e2e::{endpoint_addresses, item, Adapter, Adsc, IstioVersion};
 use latency::{ms_between as ms, summary};
 
 mod latency;
+mod smoke;
 
 /// The web slice with `n` ready endpoints.
 fn web_slice(n: usize) -> serde_json::Value {
@@ -68,7 +69,8 @@ fn main() {
     });
 
     let (mut floor, mut sink, mut over) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..20 {
+    let rounds = smoke::scaled(20, 2);
+    for round in 0..rounds {
         let want = if round % 2 == 0 { 3 } else { 2 };
         std::thread::sleep(Duration::from_millis(200));
         while events.try_recv().is_ok() {}
@@ -100,7 +102,7 @@ fn main() {
         )
     };
     eprintln!(
-        "kube latency (20 EndpointSlice rewrites, write -> ...): API server watch {}; Istio client {}; sink after watch {}",
+        "kube latency ({rounds} EndpointSlice rewrites, write -> ...): API server watch {}; Istio client {}; sink after watch {}",
         stats(&mut floor),
         stats(&mut sink),
         stats(&mut over)

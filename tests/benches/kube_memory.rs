@@ -17,11 +17,13 @@ use e2e::kube::{ready, service, services_path, slice, slices_path, KubeApiServer
 use e2e::{endpoint_addresses, mcpctl_get, wait_for, Adapter};
 use mcp_core::testing::bench::{command_line, cores, cpu_model, load_average, Proc};
 
+mod smoke;
+
 fn main() {
     let services: usize = std::env::var("MCP_KUBE_MEMORY_SERVICES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(smoke::scaled(2000, 20));
     let bins = std::env::var("MCP_KUBE_MEMORY_BINS").unwrap_or_else(|_| "adapter-kube".into());
 
     let kube = KubeApiServer::start();

@@ -36,6 +36,7 @@ use e2e::registries::{Instance, Registries, Registry};
 use e2e::wait_for;
 
 mod latency;
+mod smoke;
 
 const PORT: u16 = 18080;
 const SERVICE: &str = "cart";
@@ -254,7 +255,7 @@ fn main() {
     let rounds: usize = std::env::var("TRAFFIC_BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(smoke::scaled(20, 1));
     let (mut regs, kube) = Registries::start_with(PORT, mesh_api_server);
 
     // Three instances per source, on 10.77.<k>.1-3.

@@ -33,8 +33,16 @@ use latency::{histogram, p50_p99_ratios, print_quantiles, record};
 use mcpctl::sink::{Sink, SinkOptions};
 
 mod latency;
+mod smoke;
 
-const ROUNDS: usize = 200;
+/// Changes per phase (2 in a smoke run).
+fn round_count() -> usize {
+    smoke::scaled(200, 2)
+}
+/// Interfaces with 10 providers each (interface 42 is the one that changes; 43 in a smoke run).
+fn interfaces() -> usize {
+    smoke::scaled(100, 43)
+}
 
 fn iface(i: usize) -> String {
     format!("com.example.svc{i:03}")
@@ -181,7 +189,7 @@ impl zookeeper_async::Watcher for Noop {
 fn main() {
     let zk = ZooKeeper::start();
     let mut w = Writer::start(&zk);
-    for i in 0..100 {
+    for i in 0..interfaces() {
         for j in 0..10 {
             w.create_e(
                 &provider_path(&iface(i), &url(&format!("10.10.{i}.{j}"), &iface(i))),
@@ -209,7 +217,7 @@ fn main() {
             .await
             .expect("zk client");
         let mut floor = histogram();
-        for round in 0..ROUNDS {
+        for round in 0..round_count() {
             let (tx, rx) = mpsc::channel();
             client
                 .get_children_w(&dir, move |_| {
@@ -246,7 +254,12 @@ fn main() {
         let light = rounds(&client, &mut w, &dir, &extra, &target, &mut sink).await;
         (floor, same, ours, light)
     });
-    println!("change-to-sink latency on real ZooKeeper (1,000 providers over 100 interfaces, {ROUNDS} changes, coalescing off)");
+    println!(
+        "change-to-sink latency on real ZooKeeper ({} providers over {} interfaces, {} changes, coalescing off)",
+        interfaces() * 10,
+        interfaces(),
+        round_count()
+    );
     report("floor: zookeeper child watch fires", &floor);
     report("floor on the same writes (50 ms apart)", &same);
     report("adapter-zookeeper -> xDS sink holds the change", &ours);
@@ -264,7 +277,7 @@ fn main() {
     );
 }
 
-/// `ROUNDS` writes 50 ms apart, alternately adding and removing one provider of `iface`: the
+/// `round_count()` writes 50 ms apart, alternately adding and removing one provider of `iface`: the
 /// floor on each write (the bench's own watch on `dir`) and the time until `sink` holds it.
 async fn rounds(
     client: &zookeeper_async::ZooKeeper,
@@ -275,7 +288,7 @@ async fn rounds(
     sink: &mut Watching,
 ) -> (Histogram<u64>, Histogram<u64>) {
     let (mut ours, mut same) = (histogram(), histogram());
-    for round in 0..ROUNDS {
+    for round in 0..round_count() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let want = if round % 2 == 0 { 11 } else { 10 };
         // The floor on this very write: the same watch as the adapter's, from the bench's client.

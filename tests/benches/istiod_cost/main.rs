@@ -70,6 +70,8 @@
 mod eds;
 mod peers;
 mod registry;
+#[path = "../smoke/mod.rs"]
+mod smoke;
 
 use std::fmt::Write as _;
 use std::fs;
@@ -178,7 +180,19 @@ impl Knobs {
 
     fn parse() -> Knobs {
         let args: Vec<String> = std::env::args().collect();
+        // A smoke run (`MCP_BENCH_SMOKE`): 40 services, one change per phase, short windows, one
+        // output limit; the ways but `file` (each way costs a fresh API server and istiod, and
+        // `shards` serves the same files through the same code).
+        let smoke = smoke::smoke();
         let knob = |flag: &str, env: &str, default: &str| -> String {
+            let default = match (smoke, flag) {
+                (true, "--sizes") => "40",
+                (true, "--changes" | "--latency-changes" | "--idle-windows") => "1",
+                (true, "--window-ms") => "500",
+                (true, "--kube-qps") => "1000/1000",
+                (true, "--ways") => "shards,crd,kube",
+                _ => default,
+            };
             args.iter()
                 .position(|a| a == flag)
                 .and_then(|i| args.get(i + 1).cloned())

@@ -65,6 +65,8 @@ mod inventory;
 mod phases;
 mod report;
 mod sinks;
+#[path = "../smoke/mod.rs"]
+mod smoke;
 mod util;
 mod xds;
 

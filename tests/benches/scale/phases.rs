@@ -39,7 +39,9 @@ pub struct Knobs {
 
 impl Knobs {
     pub fn from_env() -> Knobs {
-        let max = env_usize("MCP_SCALE_MAX", 1_000_000);
+        // A smoke run (`MCP_BENCH_SMOKE`): 100 services, every phase, one short round each.
+        let tiny = |full: usize, tiny: usize| crate::smoke::scaled(full, tiny);
+        let max = env_usize("MCP_SCALE_MAX", tiny(1_000_000, 1_000));
         let mut sizes = env_list("MCP_SCALE_SIZES").unwrap_or_else(|| {
             let mut s: Vec<usize> = STANDARD_SIZES.into_iter().filter(|&n| n <= max).collect();
             if !s.contains(&max) {
@@ -61,13 +63,18 @@ impl Knobs {
         Knobs {
             max: sizes.last().copied().unwrap_or(max),
             rss_endpoints: env_usize("MCP_SCALE_RSS_ENDPOINTS", 100_000).min(max),
-            rss_sinks: env_list("MCP_SCALE_RSS_SINKS")
-                .unwrap_or_else(|| vec![0, 1, 5, 10, 21, 50, 100]),
-            push_sinks: env_usize("MCP_SCALE_PUSH_SINKS", 10),
-            idle_secs: env_usize("MCP_SCALE_IDLE_SECS", 60) as u64,
-            changes: env_usize("MCP_SCALE_CHANGES", 100),
-            per_file: env_usize("MCP_SCALE_FILE_SERVICES", 1000).max(1),
-            settle: Duration::from_millis(env_usize("MCP_SCALE_SETTLE_MS", 2000) as u64),
+            rss_sinks: env_list("MCP_SCALE_RSS_SINKS").unwrap_or_else(|| {
+                if crate::smoke::smoke() {
+                    vec![0, 1, 2]
+                } else {
+                    vec![0, 1, 5, 10, 21, 50, 100]
+                }
+            }),
+            push_sinks: env_usize("MCP_SCALE_PUSH_SINKS", tiny(10, 2)),
+            idle_secs: env_usize("MCP_SCALE_IDLE_SECS", tiny(60, 1)) as u64,
+            changes: env_usize("MCP_SCALE_CHANGES", tiny(100, 2)),
+            per_file: env_usize("MCP_SCALE_FILE_SERVICES", tiny(1000, 50)).max(1),
+            settle: Duration::from_millis(env_usize("MCP_SCALE_SETTLE_MS", tiny(2000, 200)) as u64),
             skip: std::env::var("MCP_SCALE_SKIP")
                 .unwrap_or_default()
                 .split(',')
