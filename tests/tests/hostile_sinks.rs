@@ -20,9 +20,10 @@ use e2e::{wait_for, Adapter};
 use mcp_core::testing::bench::Proc;
 
 /// How far over its idle RSS the adapter may go while the flood runs: the 1,024 streams the
-/// default `--max-streams` admits cost ~27 KiB each in this debug build (task, HTTP/2 state,
-/// decode buffer; measured with 100 to 1,000 idle streams), ~27 MiB, plus the requests and
-/// empty answers in flight (measured: +54 to +61 MiB at the peak of the 400-byte wave).
+/// default `--max-streams` admits cost ~28 KiB each in this debug build (task, HTTP/2 state,
+/// decode buffer; `tests/benches/idle_streams.rs` measures it with 100 to 1,000 idle
+/// streams), ~28 MiB, plus the requests and empty answers in flight (measured: +54 to +61 MiB
+/// at the peak of the 400-byte wave).
 const FLOOD_BOUND_MIB: f64 = 80.0;
 
 /// A ServiceEntry document for service `i` whose endpoint address and annotation carry
