@@ -775,6 +775,12 @@ async fn two_replicas_serve_identical_resources() {
     y.stop().await;
 }
 
+/// Events spread over most of a coalescing window are one push.
+///
+/// The burst runs on paused time: each event is sent once the core took the one before, and the
+/// clock moves 40 ms between them, so the five span 160 ms of the 200 ms window however slow the
+/// machine is (sleeping between them instead let a busy machine stretch the burst past the
+/// window). Time resumes once the core took the last one, so nothing can be left out of it.
 #[tokio::test]
 async fn coalescing_window_merges_a_burst() {
     let mut args = test_args();
@@ -791,10 +797,22 @@ async fn coalescing_window_merges_a_burst() {
     s.ack(&r1);
     s.silent_for(Duration::from_millis(300), "ACKed").await;
 
-    for k in keys {
+    tokio::time::pause();
+    for (i, k) in keys.into_iter().enumerate() {
+        if i > 0 {
+            tokio::time::advance(Duration::from_millis(40)).await;
+        }
+        let taken = a.handle.taken();
         upsert(&a, k, 2);
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Yielding moves no paused clock: only the core's taking the event ends this.
+        let mut yields = 0u32;
+        while a.handle.taken() == taken {
+            yields += 1;
+            assert!(yields < 1_000_000, "the core never took the event for {k}");
+            tokio::task::yield_now().await;
+        }
     }
+    tokio::time::resume();
     let r2 = s.recv().await;
     let after = &r2.resources;
     for k in keys {
@@ -807,6 +825,20 @@ async fn coalescing_window_merges_a_burst() {
     a.assert_metric(
         r#"mcp_adapter_snapshots_total{reason="change",registry="fake"}"#,
         Some(1.0),
+    )
+    .await;
+    // A later change is the next push, alone: a part of the burst pushed late would come
+    // first.
+    upsert(&a, "a", 3);
+    let r3 = s.recv().await;
+    assert_eq!(r3.resources["fake/a"].spec.endpoints.len(), 3);
+    for k in &keys[1..] {
+        let n = format!("fake/{k}");
+        assert_eq!(r3.resources[&n].version, after[&n].version, "{n} as in the burst");
+    }
+    a.assert_metric(
+        r#"mcp_adapter_snapshots_total{reason="change",registry="fake"}"#,
+        Some(2.0),
     )
     .await;
     a.stop().await;
