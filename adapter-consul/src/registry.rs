@@ -765,9 +765,7 @@ mod tests {
                     Reply::ok(now, r#"{"a":[],"b":[],"c":[],"d":[]}"#)
                 }
                 "/v1/catalog/services" => Reply::ok(now, r#"{"a":[],"b":[],"c":[]}"#),
-                "/v1/health/service/a" if now > 10 => {
-                    Reply::ok(11, &one_instance("a", "10.0.0.9"))
-                }
+                "/v1/health/service/a" if now > 10 => Reply::ok(11, &one_instance("a", "10.0.0.9")),
                 "/v1/health/service/d" => Reply::ok(12, &one_instance("d", "10.0.0.4")),
                 p if p.starts_with("/v1/health/service/") => {
                     let name = &p["/v1/health/service/".len()..];
@@ -879,7 +877,10 @@ mod tests {
                 }
                 p if p.starts_with("/v1/health/service/") => {
                     let name = &p["/v1/health/service/".len()..];
-                    let at = later.iter().find(|(n, _)| *n == name).map_or(10, |(_, at)| *at);
+                    let at = later
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .map_or(10, |(_, at)| *at);
                     Reply::ok(at, &one_instance(name, "10.0.0.1"))
                 }
                 _ => Reply::ok(10, "[]"),
