@@ -257,7 +257,10 @@ mod tests {
         // another (a sleep of 500 ms for the 400 ms read was too short on a busy machine).
         let end = std::time::Instant::now() + Duration::from_secs(10);
         while STARTED.load(Ordering::SeqCst) == 1 {
-            assert!(std::time::Instant::now() < end, "the stuck read never finished");
+            assert!(
+                std::time::Instant::now() < end,
+                "the stuck read never finished"
+            );
             std::thread::sleep(Duration::from_millis(20));
             let e = reader.read(&f, &meta).expect_err("stuck, then slow again");
             assert!(matches!(e, ReadError::TimedOut(_)), "{e}");
