@@ -760,10 +760,13 @@ mod tests {
         let fake = FakeConsul::start(move |r| {
             let now = i.load(Ordering::SeqCst);
             match r.path() {
-                "/v1/catalog/services" => Reply::ok(now, r#"{"a":[],"b":[],"c":[]}"#),
-                "/v1/health/service/a" if now > 10 => {
-                    Reply::ok(now, &one_instance("a", "10.0.0.9"))
+                // At 12 a service "d" registers (the step that follows the one looked at).
+                "/v1/catalog/services" if now >= 12 => {
+                    Reply::ok(now, r#"{"a":[],"b":[],"c":[],"d":[]}"#)
                 }
+                "/v1/catalog/services" => Reply::ok(now, r#"{"a":[],"b":[],"c":[]}"#),
+                "/v1/health/service/a" if now > 10 => Reply::ok(11, &one_instance("a", "10.0.0.9")),
+                "/v1/health/service/d" => Reply::ok(12, &one_instance("d", "10.0.0.4")),
                 p if p.starts_with("/v1/health/service/") => {
                     let name = &p["/v1/health/service/".len()..];
                     Reply::ok(10, &one_instance(name, "10.0.0.1"))
@@ -797,9 +800,35 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         // The catalog's wake-up names nothing and every service is watched: nothing is read.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Once the catalog's watch asks from 11, that wake-up is queued for the watch loop;
+        // a registration after it is handled after it, and `d`'s own query is the last thing
+        // the loop does for the registration: by then whatever the wake-up caused was done.
+        wait_until("the catalog's wake-up for 11", || {
+            fake.requests_to("/v1/catalog/services")
+                .iter()
+                .any(|r| r.param("index").as_deref() == Some("11"))
+        })
+        .await;
+        index.store(12, Ordering::SeqCst);
+        match next(&mut events).await {
+            RegistryEvent::Upsert(s) => assert_eq!(s.key.name, "d"),
+            other => panic!("unexpected {other:?}"),
+        }
+        wait_until("d's own query", || fake.own_queries("d") > 0).await;
+        for n in ["a", "b", "c"] {
+            let reads = fake
+                .requests_to(&format!("/v1/health/service/{n}"))
+                .into_iter()
+                .filter(|r| r.param("index").is_none())
+                .count();
+            assert_eq!(reads, 1, "no fetch of {n}");
+        }
         let stats = registry.inner.client.stats();
-        assert_eq!(stats.count(crate::client::HEALTH, "read"), 3, "no fetch");
+        assert_eq!(
+            stats.count(crate::client::HEALTH, "read"),
+            4,
+            "a, b and c once each, then d"
+        );
         assert_eq!(
             stats.count(crate::client::HEALTH_INDEX, "read"),
             0,
@@ -809,26 +838,50 @@ mod tests {
 
     /// With room for one watch, the other services are swept when the catalog changes beyond
     /// its names; a 429 on a watch gives its slot up for good, and that service is read once.
-    #[tokio::test]
+    ///
+    /// On paused time: the clock moves only when every task waits, so "no second sweep within
+    /// three grace periods" is exact whatever the machine's load.
+    #[tokio::test(start_paused = true)]
     async fn services_beyond_the_budget_are_swept_and_a_429_shrinks_it() {
         use std::sync::atomic::AtomicU64;
         let index = Arc::new(AtomicU64::new(10));
-        let i = Arc::clone(&index);
+        let refuse = Arc::new(AtomicBool::new(false));
+        let (i, no) = (Arc::clone(&index), Arc::clone(&refuse));
         let fake = FakeConsul::start(move |r| {
             let now = i.load(Ordering::SeqCst);
             let watch = r.param("index").is_some();
+            // Services registered later, each at its own index: the steps after the one
+            // looked at.
+            let later = [("d", 13), ("e", 14)];
             match r.path() {
-                "/v1/catalog/services" => Reply::ok(now, r#"{"a":[],"b":[],"c":[]}"#),
+                "/v1/catalog/services" => {
+                    let mut names = vec!["a", "b", "c"];
+                    names.extend(later.iter().filter(|(_, at)| now >= *at).map(|(n, _)| *n));
+                    let body: serde_json::Map<String, serde_json::Value> = names
+                        .into_iter()
+                        .map(|n| (n.to_string(), serde_json::json!([])))
+                        .collect();
+                    Reply::ok(now, &serde_json::Value::Object(body).to_string())
+                }
                 // Consul's agent out of connections for this address.
-                _ if watch && now >= 12 && r.path().starts_with("/v1/health/service/") => Reply {
-                    status: 429,
-                    index: None,
-                    body: "Your IP is issuing too many concurrent connections".into(),
-                    after: None,
-                },
+                _ if watch
+                    && no.load(Ordering::SeqCst)
+                    && r.path().starts_with("/v1/health/service/") =>
+                {
+                    Reply {
+                        status: 429,
+                        index: None,
+                        body: "Your IP is issuing too many concurrent connections".into(),
+                        after: None,
+                    }
+                }
                 p if p.starts_with("/v1/health/service/") => {
                     let name = &p["/v1/health/service/".len()..];
-                    Reply::ok(10, &one_instance(name, "10.0.0.1"))
+                    let at = later
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .map_or(10, |(_, at)| *at);
+                    Reply::ok(at, &one_instance(name, "10.0.0.1"))
                 }
                 _ => Reply::ok(10, "[]"),
             }
@@ -852,7 +905,8 @@ mod tests {
             stats.count(crate::client::HEALTH_INDEX, "read") == 2
         })
         .await;
-        assert_eq!(watched().len(), 1, "still one watch");
+        let refused = watched();
+        assert_eq!(refused.len(), 1, "still one watch");
         // Consul refuses the watch's next query: no more watches, the others stay swept.
         let metrics = prometheus::Registry::new();
         for c in registry.collectors() {
@@ -866,29 +920,59 @@ mod tests {
                 .map(|f| f.get_metric()[0].get_gauge().get_value())
         };
         assert_eq!(gauge(), Some(1.0));
-        index.store(12, Ordering::SeqCst);
+        refuse.store(true, Ordering::SeqCst);
         wait_until("the budget shrunk", || gauge() == Some(0.0)).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The service refused is read once (what its query would have seen next).
+        match next(&mut events).await {
+            RegistryEvent::Upsert(s) => assert_eq!(s.key.name, refused[0]),
+            other => panic!("unexpected {other:?}"),
+        }
+        // The refusal alone (no catalog change) sweeps nothing.
         let swept = stats.count(crate::client::HEALTH_INDEX, "read");
+        assert_eq!(swept, 2, "the sweep of two only");
         let watches = stats.count(crate::client::HEALTH, "watch");
-        index.store(13, Ordering::SeqCst);
+        index.store(12, Ordering::SeqCst);
         wait_until("a sweep of all three", || {
             stats.count(crate::client::HEALTH_INDEX, "read") >= swept + 3
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(stats.count(crate::client::HEALTH_INDEX, "read"), swept + 3);
+        tokio::time::sleep(unexplained::GRACE * 3).await;
+        assert_eq!(
+            stats.count(crate::client::HEALTH_INDEX, "read"),
+            swept + 3,
+            "one sweep"
+        );
+        // Two registrations, each handled after the one before: `e`'s comes once the loop is
+        // done with `d`'s, which would have given `d` the watch its change earned had the
+        // budget room for it. Names cost no sweep.
+        for (name, at) in [("d", 13), ("e", 14)] {
+            index.store(at, Ordering::SeqCst);
+            match next(&mut events).await {
+                RegistryEvent::Upsert(s) => assert_eq!(s.key.name, name),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(fake.own_queries("d"), 0, "d has no watch");
         assert_eq!(
             stats.count(crate::client::HEALTH, "watch"),
             watches,
             "no new watch"
+        );
+        assert_eq!(
+            stats.count(crate::client::HEALTH_INDEX, "read"),
+            swept + 3,
+            "still the one sweep"
         );
     }
 
     /// With room for one own query, a service without one that changes takes it from the one
     /// that changed least recently (whose index is then looked at once); its next change comes
     /// through its own query, with no fetch, and explains the catalog's wake-up: no sweep.
-    #[tokio::test]
+    ///
+    /// On paused time: the clock moves only when every task waits, so three grace periods
+    /// after the wake-up is queued are three grace periods of the watch loop's own clock,
+    /// whatever the machine's load.
+    #[tokio::test(start_paused = true)]
     async fn the_services_that_change_get_the_own_queries() {
         use std::collections::HashMap as Map;
         let indexes: Arc<Mutex<Map<String, u64>>> = Arc::new(Mutex::new(
@@ -962,6 +1046,13 @@ mod tests {
             "no fetch"
         );
         // The catalog's wake-up for the same index is explained by that answer: no sweep.
+        // Once the catalog's watch asks from 12 the wake-up is queued for the watch loop.
+        wait_until("the catalog's wake-up for 12", || {
+            fake.requests_to("/v1/catalog/services")
+                .iter()
+                .any(|r| r.param("index").as_deref() == Some("12"))
+        })
+        .await;
         tokio::time::sleep(unexplained::GRACE * 3).await;
         assert_eq!(
             stats.count(crate::client::HEALTH_INDEX, "read"),
@@ -972,6 +1063,28 @@ mod tests {
             queries(watched),
             given_up,
             "{watched} has no query any more"
+        );
+        // The third service changes: nothing explains that entry, so both services without
+        // an own query are swept once, and `cold` (fetched) takes `hot`'s query, whose index
+        // is then looked at once. Exactly three looks: a sweep the wake-up for 12 caused late
+        // would add two.
+        let cold = ["a", "b", "c"]
+            .into_iter()
+            .find(|n| *n != watched && *n != hot)
+            .expect("cold");
+        change(cold, 13);
+        match next(&mut events).await {
+            RegistryEvent::Upsert(s) => {
+                assert_eq!(s.key.name, cold);
+                assert_eq!(s.endpoints[0].address, "10.0.0.13");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        wait_until("cold's own query", || queries(cold) == 1).await;
+        assert_eq!(
+            stats.count(crate::client::HEALTH_INDEX, "read"),
+            swept + 3,
+            "one sweep of {watched} and {cold}, one look at {hot}"
         );
     }
 

@@ -253,9 +253,19 @@ mod tests {
         assert_eq!(STARTED.load(Ordering::SeqCst), 1);
 
         // Once the stuck read finished, the next read is a fresh one (and may be slow again).
-        std::thread::sleep(Duration::from_millis(500));
-        let e = reader.read(&f, &meta).expect_err("slow again");
-        assert!(matches!(e, ReadError::TimedOut(_)), "{e}");
+        // Asked until then: each read while it is stuck is answered at once without starting
+        // another (a sleep of 500 ms for the 400 ms read was too short on a busy machine).
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while STARTED.load(Ordering::SeqCst) == 1 {
+            assert!(
+                std::time::Instant::now() < end,
+                "the stuck read never finished"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+            let e = reader.read(&f, &meta).expect_err("stuck, then slow again");
+            assert!(matches!(e, ReadError::TimedOut(_)), "{e}");
+        }
         assert_eq!(STARTED.load(Ordering::SeqCst), 2);
+        assert!(reader.is_stuck(&f), "the fresh read is stuck in turn");
     }
 }

@@ -235,6 +235,18 @@ mod tests {
         got
     }
 
+    /// The end of a test, whose last check was that nothing more is sent: writing `content` to
+    /// `path` sends exactly `want` next (an event that came after the quiet window would come
+    /// first).
+    async fn then_only(events: &mut Events, path: &Path, content: &str, want: &[&str]) {
+        write(path, content);
+        let mut got = Vec::new();
+        for _ in want {
+            got.push(describe(&next_event(events).await));
+        }
+        assert_eq!(got, want, "the next events after the quiet window");
+    }
+
     /// Nothing is sent for several polls.
     async fn quiet(events: &mut Events) {
         if let Ok(Some(event)) = tokio::time::timeout(QUIET, events.next()).await {
@@ -302,6 +314,13 @@ mod tests {
         // The same content written again (new mtime): nothing is sent.
         write(&a, &se("web", "web.example.com", 8080));
         quiet(&mut events).await;
+        then_only(
+            &mut events,
+            &a,
+            &se("web", "web.example.com", 8081),
+            &["Upsert web web.example.com:8081"],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -340,6 +359,13 @@ mod tests {
         )
         .await;
         assert!(problems_of(&got[1]).is_empty());
+        then_only(
+            &mut events,
+            &a,
+            &se("web", "web.example.com", 8444),
+            &["Upsert web web.example.com:8444"],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -356,6 +382,13 @@ mod tests {
         expect(
             &mut events,
             &["Upsert web web.example.com:80", "Problems a.yaml 0"],
+        )
+        .await;
+        then_only(
+            &mut events,
+            &a,
+            &se("web", "web.example.com", 81),
+            &["Upsert web web.example.com:81"],
         )
         .await;
     }
@@ -385,6 +418,13 @@ mod tests {
         // Deleting a file removes its services, without problems.
         fs::remove_file(root.join("a.yaml")).expect("rm");
         expect(&mut events, &["Remove web"]).await;
+        then_only(
+            &mut events,
+            &root.join("a.yaml"),
+            &se("web", "web.example.com", 81),
+            &["Upsert web web.example.com:81"],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -399,6 +439,13 @@ mod tests {
         expect(
             &mut events,
             &["Upsert web web.example.com:80", "Problems later.yaml 0"],
+        )
+        .await;
+        then_only(
+            &mut events,
+            &a,
+            &se("web", "web.example.com", 81),
+            &["Upsert web web.example.com:81"],
         )
         .await;
     }
@@ -485,6 +532,13 @@ mod tests {
             ],
         )
         .await;
+        then_only(
+            &mut events,
+            &b,
+            &se("web", "b.example.com", 83),
+            &["Upsert web b.example.com:83"],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -511,6 +565,13 @@ mod tests {
         expect(
             &mut events,
             &["Upsert web two.example.com:80", "Problems a.yaml 0"],
+        )
+        .await;
+        then_only(
+            &mut events,
+            &a,
+            &se("web", "two.example.com", 81),
+            &["Upsert web two.example.com:81"],
         )
         .await;
     }

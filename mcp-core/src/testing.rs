@@ -8,9 +8,10 @@
 pub mod bench;
 pub mod shaped;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures::stream::BoxStream;
+use futures::stream::{BoxStream, StreamExt};
 use tokio::sync::mpsc;
 
 use proto::istio::networking::v1alpha3::{
@@ -28,6 +29,7 @@ type Item = Result<RegistryEvent, RegistryError>;
 #[derive(Clone, Debug)]
 pub struct FakeRegistry {
     streams: Arc<Mutex<mpsc::UnboundedReceiver<mpsc::UnboundedReceiver<Item>>>>,
+    taken: Arc<AtomicUsize>,
 }
 
 /// Drives a [`FakeRegistry`].
@@ -35,19 +37,24 @@ pub struct FakeRegistry {
 pub struct FakeHandle {
     streams: mpsc::UnboundedSender<mpsc::UnboundedReceiver<Item>>,
     current: Arc<Mutex<Option<mpsc::UnboundedSender<Item>>>>,
+    /// Items the core has taken from the watch streams so far.
+    taken: Arc<AtomicUsize>,
 }
 
 /// A fake registry with its handle; one watch stream is already open.
 pub fn fake_registry() -> (FakeRegistry, FakeHandle) {
     let (tx, rx) = mpsc::unbounded_channel();
+    let taken = Arc::new(AtomicUsize::new(0));
     let handle = FakeHandle {
         streams: tx,
         current: Arc::new(Mutex::new(None)),
+        taken: Arc::clone(&taken),
     };
     handle.reconnect();
     (
         FakeRegistry {
             streams: Arc::new(Mutex::new(rx)),
+            taken,
         },
         handle,
     )
@@ -74,6 +81,13 @@ impl FakeHandle {
         self.reconnect();
     }
 
+    /// Events and failures the core has taken from the watch streams so far. A test that must
+    /// know an event reached the core before time moves on (a coalescing window under paused
+    /// time) waits for this instead of sleeping.
+    pub fn taken(&self) -> usize {
+        self.taken.load(Ordering::SeqCst)
+    }
+
     fn reconnect(&self) {
         let (tx, rx) = mpsc::unbounded_channel();
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
@@ -94,7 +108,14 @@ impl Registry for FakeRegistry {
             .try_recv()
             .ok();
         match next {
-            Some(rx) => Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx)),
+            Some(rx) => {
+                let taken = Arc::clone(&self.taken);
+                Box::pin(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx).inspect(move |_| {
+                        taken.fetch_add(1, Ordering::SeqCst);
+                    }),
+                )
+            }
             None => Box::pin(futures::stream::pending()),
         }
     }

@@ -235,10 +235,18 @@ async fn recv_sent(
     u
 }
 
-/// The end of a behaviour: ACKs `last`, checks that nothing more is sent, stops the adapter.
-async fn ack_last_and_stop(a: Adapter, mut s: common::sink::Sink, last: &Update) {
+/// The end of a behaviour: ACKs `last` (after which `state` is served), checks that nothing
+/// more is sent, then that a later change is the next response and only that change (a response
+/// that should not have been sent, come after the quiet window, would come first), and stops
+/// the adapter.
+async fn ack_last_and_stop(a: Adapter, mut s: common::sink::Sink, last: &Update, state: &[&str]) {
     s.ack(last);
     s.silent("ACKed").await;
+    upsert(&a, "zz", 1);
+    let mut after = state.to_vec();
+    after.push("fake/zz");
+    let r = recv_sent(&mut s, &after, &["fake/zz"], &[]).await;
+    assert_ne!(r.version, last.version);
     a.stop().await;
 }
 
@@ -266,6 +274,9 @@ async fn nothing_is_sent_before_the_first_sync(p: Protocol) {
     assert!(!r.version.is_empty());
     s.ack(&r);
     s.silent("the other type is not answered again").await;
+    // A later change is the next response: the other type answered late would come first.
+    upsert(&a, "a", 1);
+    recv_sent(&mut s, &["fake/a"], &["fake/a"], &[]).await;
     a.stop().await;
 }
 
@@ -299,7 +310,7 @@ async fn changes_additions_and_removals(p: Protocol) {
     remove(&a, "b");
     let r4 = recv_sent(&mut s, &["fake/a", "fake/c"], &[], &["fake/b"]).await;
     assert_ne!(r4.version, r3.version);
-    ack_last_and_stop(a, s, &r4).await;
+    ack_last_and_stop(a, s, &r4, &["fake/a", "fake/c"]).await;
 }
 
 /// A change and a removal sent together (published together or one after the other) end in
@@ -367,7 +378,7 @@ async fn one_response_in_flight_then_the_newest(p: Protocol) {
         &["fake/b"],
     )
     .await;
-    ack_last_and_stop(a, s, &newest).await;
+    ack_last_and_stop(a, s, &newest, &["fake/a", "fake/c", "fake/d"]).await;
 }
 
 /// A NACKed set is not sent again (and is counted); the next change is, relative to what the
@@ -388,7 +399,7 @@ async fn a_nack_is_not_sent_again(p: Protocol) {
         p.label()
     );
     a.assert_metric(&series, Some(1.0)).await;
-    ack_last_and_stop(a, s, &r3).await;
+    ack_last_and_stop(a, s, &r3, &state).await;
 }
 
 /// A sink reconnecting as istiod does (its node, the version it holds, a made-up nonce) gets
@@ -469,6 +480,12 @@ async fn request_pattern(p: Protocol, types: &[&str]) {
         s.ack(&rs[0]);
     }
     s.silent("everything ACKed, nothing changed").await;
+    // A later change is the next response, of the served type alone: any type answered
+    // again late would come first.
+    upsert(&a, "c", 1);
+    let r = s.recv().await;
+    assert_eq!(r.topic.as_deref(), Some(p.topic()), "{r:?}");
+    assert_eq!(r.names(), vec!["fake/a", "fake/b", "fake/c"]);
     a.stop().await;
 }
 
@@ -562,6 +579,11 @@ async fn before_first_sync_only_unknown_types_are_answered() {
     );
     s.send(xds_ack(&r));
     s.silent("VirtualService is not answered again").await;
+    // A later change is the next response: VirtualService answered late would come first.
+    upsert(&a, "b", 1);
+    let r = s.recv().await;
+    assert_eq!(r.type_url, SE_V1);
+    assert_eq!(names(&decode_xds(&r)), vec!["fake/a", "fake/b"]);
     a.stop().await;
 }
 
@@ -625,6 +647,12 @@ async fn delta_xds_initial_versions_send_only_differences() {
     assert_eq!(r2.removed_resources, vec!["fake/zzz"]);
     s.send(delta_ack(&r2));
     s.silent("ACKed").await;
+    // A later change is the next response, and only it: anything sent late would come first.
+    upsert(&a, "e", 1);
+    let r3 = s.recv().await;
+    let sent: Vec<_> = r3.resources.iter().map(|r| r.name.clone()).collect();
+    assert_eq!(sent, vec!["fake/e"]);
+    assert!(r3.removed_resources.is_empty(), "{r3:?}");
     a.stop().await;
 }
 
@@ -743,6 +771,18 @@ async fn registry_outage_keeps_serving_the_last_good_state() {
             .is_none(),
         "an identical re-list after the outage pushes nothing"
     );
+    // A real change is the next update of both sinks: anything pushed to either after its
+    // quiet window would come first (with a's old version).
+    upsert(&a, "a", 2);
+    for s in [&mut sink, &mut fresh] {
+        let u3 = s
+            .next_within(STEP)
+            .await
+            .expect("stream ok")
+            .expect("an update");
+        assert_eq!(u3.state.keys().cloned().collect::<Vec<_>>(), vec!["fake/a"]);
+        assert_ne!(u3.state["fake/a"].version, u.state["fake/a"].version);
+    }
     a.stop().await;
 }
 
@@ -775,6 +815,12 @@ async fn two_replicas_serve_identical_resources() {
     y.stop().await;
 }
 
+/// Events spread over most of a coalescing window are one push.
+///
+/// The burst runs on paused time: each event is sent once the core took the one before, and the
+/// clock moves 40 ms between them, so the five span 160 ms of the 200 ms window however slow the
+/// machine is (sleeping between them instead let a busy machine stretch the burst past the
+/// window). Time resumes once the core took the last one, so nothing can be left out of it.
 #[tokio::test]
 async fn coalescing_window_merges_a_burst() {
     let mut args = test_args();
@@ -791,10 +837,22 @@ async fn coalescing_window_merges_a_burst() {
     s.ack(&r1);
     s.silent_for(Duration::from_millis(300), "ACKed").await;
 
-    for k in keys {
+    tokio::time::pause();
+    for (i, k) in keys.into_iter().enumerate() {
+        if i > 0 {
+            tokio::time::advance(Duration::from_millis(40)).await;
+        }
+        let taken = a.handle.taken();
         upsert(&a, k, 2);
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Yielding moves no paused clock: only the core's taking the event ends this.
+        let mut yields = 0u32;
+        while a.handle.taken() == taken {
+            yields += 1;
+            assert!(yields < 1_000_000, "the core never took the event for {k}");
+            tokio::task::yield_now().await;
+        }
     }
+    tokio::time::resume();
     let r2 = s.recv().await;
     let after = &r2.resources;
     for k in keys {
@@ -807,6 +865,23 @@ async fn coalescing_window_merges_a_burst() {
     a.assert_metric(
         r#"mcp_adapter_snapshots_total{reason="change",registry="fake"}"#,
         Some(1.0),
+    )
+    .await;
+    // A later change is the next push, alone: a part of the burst pushed late would come
+    // first.
+    upsert(&a, "a", 3);
+    let r3 = s.recv().await;
+    assert_eq!(r3.resources["fake/a"].spec.endpoints.len(), 3);
+    for k in &keys[1..] {
+        let n = format!("fake/{k}");
+        assert_eq!(
+            r3.resources[&n].version, after[&n].version,
+            "{n} as in the burst"
+        );
+    }
+    a.assert_metric(
+        r#"mcp_adapter_snapshots_total{reason="change",registry="fake"}"#,
+        Some(2.0),
     )
     .await;
     a.stop().await;

@@ -71,6 +71,21 @@ async fn subscribed(
     (s, r1)
 }
 
+/// The end of a test whose last check is that nothing arrives: a later change of `name` is the
+/// next response and carries only it (a response sent after the quiet window would come first).
+async fn then_only(a: &Adapter, s: &mut Delta, name: &str, endpoints: usize) {
+    a.handle
+        .send(RegistryEvent::Upsert(mk_service(name, endpoints)));
+    let full = format!("fake/{name}");
+    let r = expect_sent(
+        s,
+        &[full.as_str()],
+        "a later change is the next response, alone",
+    )
+    .await;
+    assert!(r.removed_resources.is_empty(), "{r:?}");
+}
+
 /// The two services most tests start from.
 fn a_and_b() -> Vec<Service> {
     vec![mk_service("a", 1), mk_service("b", 1)]
@@ -97,6 +112,7 @@ async fn unsubscribing_the_wildcard_keeps_explicit_names() {
     assert!(r3.removed_resources.is_empty(), "{r3:?}");
     s.send(delta_ack(&r3));
     s.silent("ACKed").await;
+    then_only(&a, &mut s, "a", 3).await;
     a.stop().await;
 }
 
@@ -113,6 +129,7 @@ async fn unsubscribing_only_before_the_first_answer_is_not_a_wildcard() {
     s.send(delta_ack(&r1));
     a.handle.send(RegistryEvent::Upsert(mk_service("b", 2)));
     s.silent("fake/b was never subscribed").await;
+    then_only(&a, &mut s, "a", 2).await;
     a.stop().await;
 }
 
@@ -172,6 +189,7 @@ async fn unsubscribed_names_are_not_reported_removed_and_come_back() {
     assert!(r2.removed_resources.is_empty());
     s.send(delta_ack(&r2));
     s.silent("ACKed").await;
+    then_only(&a, &mut s, "a", 2).await;
     a.stop().await;
 }
 
@@ -200,5 +218,6 @@ async fn unsubscribing_a_name_under_the_wildcard_resends_its_state() {
     assert!(r2.removed_resources.is_empty());
     s.send(delta_ack(&r2));
     s.silent("ACKed").await;
+    then_only(&a, &mut s, "b", 2).await;
     a.stop().await;
 }

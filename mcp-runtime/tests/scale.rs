@@ -167,6 +167,15 @@ async fn a_stuck_sink_holds_back_no_one() {
         metric_sum(&metrics(&a).await, "mcp_adapter_registry_errors_total"),
         0.0
     );
+    // A later change is each sink's next response: one of the missed changes sent after the
+    // quiet windows would come first.
+    a.handle.send(RegistryEvent::Reset(services(6)));
+    for s in [&mut stuck, &mut healthy] {
+        let (v, n) = s.recv_ack().await;
+        assert_eq!(n, SERVICES);
+        assert_eq!(v, served_version(&a).await, "the newest set");
+        assert_ne!(v, newest);
+    }
     a.stop().await;
 }
 

@@ -181,6 +181,22 @@ async fn one_process_serves_the_split_of_separate_shard_processes() {
         metric(&m, r#"mcp_adapter_resources{registry="fake"}"#),
         Some(30.0)
     );
+
+    // A later change on each shard is that shard's next response: one pushed after its quiet
+    // window above would come first.
+    for (i, s) in streams.iter_mut().enumerate() {
+        let name = (0..30)
+            .map(|n| format!("svc-{n:02}"))
+            .find(|n| shard_of(&ServiceKey::new(n), SHARDS) == i)
+            .expect("a service on every shard");
+        a.handle.send(RegistryEvent::Upsert(mk_service(&name, 4)));
+        let r = s.recv().await;
+        assert_eq!(
+            decode_xds(&r)[&format!("fake/{name}")].spec.endpoints.len(),
+            4,
+            "shard {i}: {r:?}"
+        );
+    }
     a.stop().await;
 }
 

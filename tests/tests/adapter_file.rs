@@ -487,6 +487,16 @@ fn shards_partition_one_registry_over_several_adapters() {
     let want: Vec<String> = (10..19).map(|i| format!("ns/svc-{i}")).collect();
     assert_eq!(served, want);
     a.assert_steady(Duration::from_millis(300));
+    // A later service the filter takes is the one new snapshot: one built after the steady
+    // window above would be counted too.
+    let snapshots = a.metric("mcp_adapter_snapshots_total");
+    std::fs::write(dir.path().join("svc-1z.yaml"), se("svc-1z", "10.0.1.99")).expect("write");
+    let mut want = want;
+    want.push("ns/svc-1z".into());
+    wait_for(Duration::from_secs(10), "svc-1z served", || {
+        (names(&get(&a.xds_url())) == want).then_some(())
+    });
+    assert_eq!(a.metric("mcp_adapter_snapshots_total"), snapshots + 1.0);
 }
 
 /// Each item's name and resourceVersion.
@@ -551,6 +561,37 @@ fn editing_one_file_of_many_changes_only_its_service() {
     assert_eq!(
         adapter.metric("mcp_adapter_snapshots_total"),
         snapshots + 1.0,
+        "log:\n{}",
+        adapter.log_tail()
+    );
+
+    // A later edit of another file is the next change, alone: a snapshot or version change
+    // that came after the steady window would show here.
+    let docs: Vec<String> = (0..5)
+        .map(|s| {
+            let ip = if s == 4 {
+                "10.9.9.8".to_owned()
+            } else {
+                format!("10.0.13.{s}")
+            };
+            se(&format!("s13x{s}"), &ip)
+        })
+        .collect();
+    std::fs::write(dir.path().join("f13.yaml"), docs.join("---\n")).expect("edit");
+    let last = wait_for(Duration::from_secs(10), "second edit served", || {
+        let last = versions(&get(&xds));
+        (last != after).then_some(last)
+    });
+    let changed: Vec<&str> = after
+        .iter()
+        .zip(&last)
+        .filter(|(b, a)| b != a)
+        .map(|(b, _)| b.0.as_str())
+        .collect();
+    assert_eq!(changed, vec!["s13x4"]);
+    assert_eq!(
+        adapter.metric("mcp_adapter_snapshots_total"),
+        snapshots + 2.0,
         "log:\n{}",
         adapter.log_tail()
     );
