@@ -113,6 +113,15 @@ impl Istiod {
         istiod
     }
 
+    /// Starts istiod as [`Istiod::start_with`] does, in a temporary directory of its own, without
+    /// waiting for it: for a test that expects it never to become ready, or to exit.
+    pub fn spawn(sources: &[SocketAddr], kubeconfig: &Path, config: &IstiodConfig) -> Istiod {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut istiod = Self::spawn_in(sources, kubeconfig, config, dir.path());
+        istiod._dir = Some(dir);
+        istiod
+    }
+
     /// Writes `mesh.yaml` into `dir` and starts istiod with its log in `dir/istiod.log`,
     /// without waiting for it (benches that wait longer, or time the start themselves).
     pub fn spawn_in(
@@ -172,6 +181,21 @@ impl Istiod {
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
+    }
+
+    /// Whether the process has ended. It is our child and is reaped only on drop, so until then
+    /// an ended istiod is a zombie (`Z` in `/proc/PID/stat`), which this reads.
+    pub fn has_exited(&self) -> bool {
+        let Some(pid) = self.pid() else {
+            return true;
+        };
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // `PID (COMM) STATE ...`: the state follows the last `)` (COMM may hold one).
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+            Err(_) => true,
+        }
     }
 
     /// Where its log is written.
