@@ -252,8 +252,8 @@ pub fn configz_entries(configz: &serde_json::Value) -> impl Iterator<Item = &ser
         .filter(|c| c["kind"] == "ServiceEntry")
 }
 
-/// `namespace/name` of every ServiceEntry in istiod's `/debug/configz`, sorted (a name held by
-/// two sources is listed twice).
+/// `namespace/name` of every ServiceEntry in istiod's `/debug/configz`, sorted (a name that two
+/// `xds://` sources both serve is listed once: seen in `tests/tests/istiod_traps.rs`).
 pub fn configz_service_entries(configz: &serde_json::Value) -> Vec<String> {
     let mut v: Vec<String> = configz_entries(configz).map(crate::ns_name).collect();
     v.sort();

@@ -41,7 +41,7 @@ fn shard_addrs(first: SocketAddr, n: u16) -> Vec<SocketAddr> {
         .collect()
 }
 
-/// `namespace/name` of every ServiceEntry istiod holds, sorted (twice if two sources hold it).
+/// `namespace/name` of every ServiceEntry istiod holds, sorted.
 fn configz_names(istiod: &Istiod) -> Vec<String> {
     configz_service_entries(&istiod.debug("configz"))
 }
