@@ -113,6 +113,15 @@ impl Istiod {
         istiod
     }
 
+    /// Starts istiod as [`Istiod::start_with`] does, in a temporary directory of its own, without
+    /// waiting for it: for a test that expects it never to become ready, or to exit.
+    pub fn spawn(sources: &[SocketAddr], kubeconfig: &Path, config: &IstiodConfig) -> Istiod {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut istiod = Self::spawn_in(sources, kubeconfig, config, dir.path());
+        istiod._dir = Some(dir);
+        istiod
+    }
+
     /// Writes `mesh.yaml` into `dir` and starts istiod with its log in `dir/istiod.log`,
     /// without waiting for it (benches that wait longer, or time the start themselves).
     pub fn spawn_in(
@@ -174,6 +183,21 @@ impl Istiod {
         self.process.pid()
     }
 
+    /// Whether the process has ended. It is our child and is reaped only on drop, so until then
+    /// an ended istiod is a zombie (`Z` in `/proc/PID/stat`), which this reads.
+    pub fn has_exited(&self) -> bool {
+        let Some(pid) = self.pid() else {
+            return true;
+        };
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // `PID (COMM) STATE ...`: the state follows the last `)` (COMM may hold one).
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+            Err(_) => true,
+        }
+    }
+
     /// Where its log is written.
     pub fn log_path(&self) -> &Path {
         self.process.log_path()
@@ -228,8 +252,8 @@ pub fn configz_entries(configz: &serde_json::Value) -> impl Iterator<Item = &ser
         .filter(|c| c["kind"] == "ServiceEntry")
 }
 
-/// `namespace/name` of every ServiceEntry in istiod's `/debug/configz`, sorted (a name held by
-/// two sources is listed twice).
+/// `namespace/name` of every ServiceEntry in istiod's `/debug/configz`, sorted (a name that two
+/// `xds://` sources both serve is listed once: seen in `tests/tests/istiod_traps.rs`).
 pub fn configz_service_entries(configz: &serde_json::Value) -> Vec<String> {
     let mut v: Vec<String> = configz_entries(configz).map(crate::ns_name).collect();
     v.sort();
