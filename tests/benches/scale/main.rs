@@ -108,7 +108,13 @@ fn main() {
         .parent()
         // A smoke run writes beside a real run's results, not over them
         // (scripts/plot-scale.sh reads target/scale).
-        .map(|t| t.join(if smoke::smoke() { "scale-smoke" } else { "scale" }))
+        .map(|t| {
+            t.join(if smoke::smoke() {
+                "scale-smoke"
+            } else {
+                "scale"
+            })
+        })
         .expect("target directory");
     let logs = root.join("logs");
     fs::create_dir_all(&logs).expect("create target/scale/logs");
