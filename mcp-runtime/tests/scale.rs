@@ -238,6 +238,43 @@ async fn a_hundred_sinks_reconnect_at_once() {
         for s in &mut held {
             s.silent_for(Duration::from_millis(5)).await;
         }
+        if round == 1 {
+            // The last round's quiet windows have no round after them: a later change must be
+            // each sink's next response, so a second response sent late would come first. (The
+            // first round's are followed by the second's exact push count.)
+            assert_eq!(
+                metric_sum(&metrics(&a).await, "mcp_adapter_snapshots_total"),
+                snapshots,
+                "sinks connecting publish nothing"
+            );
+            a.handle
+                .send(RegistryEvent::Upsert(mk_service("svc-00000", 2)));
+            // Read at once, as the sinks were connected: ten streams share a connection's
+            // window, so one sink read to the end first would wait for the others' data. Each
+            // sink goes once it has its response, so that a response after it (when this one
+            // is not the newest) cannot hold up the others on its connection.
+            let tasks: Vec<_> = std::mem::take(&mut held)
+                .into_iter()
+                .map(|mut s| tokio::spawn(async move { s.recv_ack().await }))
+                .collect();
+            let mut got = Vec::new();
+            for t in tasks {
+                let (v, n) = t.await.expect("sink task");
+                assert_eq!(n, SERVICES);
+                got.push(v);
+            }
+            let newest = served_version(&a).await;
+            assert_ne!(newest, version);
+            assert!(
+                got.iter().all(|v| *v == newest),
+                "each sink's next response is the change ({newest}): {got:?}"
+            );
+            assert_eq!(
+                metric_sum(&metrics(&a).await, "mcp_adapter_pushes_total") - pushes,
+                SINKS as f64,
+                "one response per sink for the change"
+            );
+        }
         drop(held);
         drop(channels);
         let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -253,8 +290,8 @@ async fn a_hundred_sinks_reconnect_at_once() {
     let m = metrics(&a).await;
     assert_eq!(
         metric_sum(&m, "mcp_adapter_snapshots_total"),
-        snapshots,
-        "sinks connecting publish nothing"
+        snapshots + 1.0,
+        "sinks connecting publish nothing; the change one snapshot"
     );
     assert_eq!(metric_sum(&m, "mcp_adapter_registry_errors_total"), 0.0);
     a.stop().await;

@@ -465,17 +465,58 @@ fn shards_partition_one_registry_over_several_adapters() {
             again, served,
             "every replica of a shard serves the same set"
         );
+        let replica_snapshots = replica.metric("mcp_adapter_snapshots_total");
         replica.assert_steady(Duration::from_millis(300));
-        union.extend(served);
-        shards.push(a);
+        union.extend(served.iter().cloned());
+        shards.push((a, replica, served, replica_snapshots));
     }
     union.sort();
     assert_eq!(
         union, all,
         "the shards are disjoint and cover every service"
     );
-    for a in &shards {
+    let snapshots: Vec<f64> = shards
+        .iter()
+        .map(|(a, ..)| a.metric("mcp_adapter_snapshots_total"))
+        .collect();
+    for (a, ..) in &shards {
         a.assert_steady(Duration::from_millis(300));
+    }
+    // After the quiet windows above, one edit of a service of each shard in turn: both
+    // replicas of its shard serve it, with the same names, and every adapter (replicas kept
+    // running for this) has built exactly one snapshot since its window, for its own shard's
+    // edit. A snapshot built late, after a window, is counted here too.
+    for (i, (a, replica, served, _)) in shards.iter().enumerate() {
+        let name = served[0].strip_prefix("ns/").expect("ns/ name");
+        let ip = format!("10.0.2.{i}");
+        std::fs::write(dir.path().join(format!("{name}.yaml")), se(name, &ip)).expect("edit");
+        for (who, adapter) in [("shard", a), ("replica", replica)] {
+            wait_for(
+                Duration::from_secs(10),
+                &format!("{who} {i}/3 serves {name} at {ip}"),
+                || {
+                    let items = get(&adapter.xds_url());
+                    let s = e2e::find(&items, name)?;
+                    (names(&items) == *served && s["spec"]["endpoints"][0]["address"] == ip)
+                        .then_some(())
+                },
+            );
+        }
+    }
+    for (i, ((a, replica, _, replica_snapshots), snapshots)) in
+        shards.iter().zip(&snapshots).enumerate()
+    {
+        for (who, adapter, before) in [
+            ("shard", a, snapshots),
+            ("replica", replica, replica_snapshots),
+        ] {
+            assert_eq!(
+                adapter.metric("mcp_adapter_snapshots_total"),
+                before + 1.0,
+                "{who} {i}/3: one snapshot, for its own edit; log:\n{}",
+                adapter.log_tail()
+            );
+        }
     }
 
     let (a, served) = shard(&[
@@ -486,10 +527,10 @@ fn shards_partition_one_registry_over_several_adapters() {
     ]);
     let want: Vec<String> = (10..19).map(|i| format!("ns/svc-{i}")).collect();
     assert_eq!(served, want);
+    let snapshots = a.metric("mcp_adapter_snapshots_total");
     a.assert_steady(Duration::from_millis(300));
     // A later service the filter takes is the one new snapshot: one built after the steady
     // window above would be counted too.
-    let snapshots = a.metric("mcp_adapter_snapshots_total");
     std::fs::write(dir.path().join("svc-1z.yaml"), se("svc-1z", "10.0.1.99")).expect("write");
     let mut want = want;
     want.push("ns/svc-1z".into());
@@ -667,9 +708,24 @@ fn peak_serving(dir: &Path, services: usize) -> u64 {
     });
     let names = served(&adapter);
     assert_eq!(names.first().map(String::as_str), Some("big/svc-00000"));
+    let snapshots = adapter.metric("mcp_adapter_snapshots_total");
     adapter.assert_steady(Duration::from_secs(2));
     let pid = adapter.pid().expect("adapter running");
-    mcp_core::testing::bench::Proc::Pid(pid).mem().hwm_kib
+    let peak = mcp_core::testing::bench::Proc::Pid(pid).mem().hwm_kib;
+    // After the measurement, so that it is the same: one more service in a file of its own is
+    // the one snapshot since the quiet window (a rebuild after it, e.g. the big file read again,
+    // would be counted too).
+    std::fs::write(dir.join("zz-late.yaml"), se("late", "10.9.0.1")).expect("write");
+    wait_for(Duration::from_secs(120), "the later service served", || {
+        (adapter.debug()["total"].as_u64() == Some(services as u64 + 1)).then_some(())
+    });
+    assert_eq!(
+        adapter.metric("mcp_adapter_snapshots_total"),
+        snapshots + 1.0,
+        "the later service is the one snapshot since the window; log:\n{}",
+        adapter.log_tail()
+    );
+    peak
 }
 
 /// #22 item 15: a CMDB export is often one file. One file of 4,000 services (YAML, and JSON

@@ -102,6 +102,34 @@ fn replace_web_v4_pods(kube: &KubeApiServer, xds: &str, ip: &str, what: &str) {
     });
 }
 
+/// A quiet window on `a`, then a positive step after it: `window` with nothing built (as
+/// [`Adapter::assert_steady`]), then `new` (a Service `a` watches and takes) applied, which must
+/// be the one new snapshot, served beside exactly what was served before. A snapshot built
+/// late, after the window, for something before it would be counted here too, and a late
+/// change to the served set would show in it: the window cannot pass by its event arriving
+/// after it (#34 item 6).
+fn steady_then_a_new_service(kube: &KubeApiServer, a: &Adapter, window: Duration, new: &Value) {
+    let xds = a.xds_url();
+    let snapshots = a.metric("mcp_adapter_snapshots_total");
+    let mut want = sorted_names(&mcpctl_get(&xds));
+    a.assert_steady(window);
+    kube.apply_service(new);
+    let meta = &new["metadata"];
+    want.push(format!(
+        "{}/{}",
+        meta["namespace"].as_str().expect("namespace"),
+        meta["name"].as_str().expect("name")
+    ));
+    want.sort();
+    until("the new Service served", &xds, |i| sorted_names(i) == want);
+    assert_eq!(
+        a.metric("mcp_adapter_snapshots_total"),
+        snapshots + 1.0,
+        "the new Service is the one snapshot since the window; log:\n{}",
+        a.log_tail()
+    );
+}
+
 #[test]
 #[ignore = "needs kube-apiserver: tests/kube-apiserver/build.sh target/kube (the README's test command builds it)"]
 fn services_and_slices_follow_the_cluster() {
@@ -208,7 +236,12 @@ fn services_and_slices_follow_the_cluster() {
     until("web removed", &xds, |i| {
         find(i, "web").is_none() && find(i, "db").is_some() && find(i, "ext").is_some()
     });
-    a.assert_steady(Duration::from_secs(3));
+    steady_then_a_new_service(
+        &kube,
+        &a,
+        Duration::from_secs(3),
+        &service("shop", "cart", &[("http", 80, 8080)]),
+    );
 }
 
 #[test]
@@ -241,7 +274,9 @@ fn namespaces_and_label_selector_choose_what_is_served() {
     // Label removed: leaves.
     kube.apply_service(&service("a", "x", &[("http", 80, 80)]));
     until("a/x leaves", &xds, |i| sorted_names(i) == ["a/y", "b/x"]);
-    a.assert_steady(Duration::from_secs(2));
+    let mut z = service("b", "z", &[("http", 80, 80)]);
+    z["metadata"]["labels"] = json!({"export": "yes"});
+    steady_then_a_new_service(&kube, &a, Duration::from_secs(2), &z);
 }
 
 #[test]
@@ -292,7 +327,12 @@ fn api_server_restart_keeps_the_last_state_and_recovers() {
     // The same watch delivers the next change: one change, one snapshot.
     replace_web_v4_pods(&kube, &xds, "10.1.0.9", "a change after the restart");
     assert_eq!(a.metric("mcp_adapter_snapshots_total"), snapshots + 1.0);
-    a.assert_steady(Duration::from_secs(2));
+    steady_then_a_new_service(
+        &kube,
+        &a,
+        Duration::from_secs(2),
+        &service("shop", "cart", &[("http", 80, 8080)]),
+    );
 }
 
 #[test]
@@ -326,7 +366,12 @@ fn an_adapter_started_while_the_api_server_is_down_serves_once_it_answers() {
         "{}",
         a.log_tail()
     );
-    a.assert_steady(Duration::from_secs(2));
+    steady_then_a_new_service(
+        &kube,
+        &a,
+        Duration::from_secs(2),
+        &service("shop", "cart", &[("http", 80, 8080)]),
+    );
 }
 
 #[test]
@@ -473,7 +518,13 @@ fn rbac_denied_says_what_is_missing_and_recovers_when_granted() {
     until("served through a namespaced Role", &xds, |i| {
         addresses_of(i, "web").is_some_and(|v| v.len() == 3)
     });
-    scoped.assert_steady(Duration::from_secs(2));
+    // Within the Role's namespace: both adapters take it.
+    steady_then_a_new_service(
+        &kube,
+        &scoped,
+        Duration::from_secs(2),
+        &service("shop", "cart", &[("http", 80, 8080)]),
+    );
 }
 
 /// deploy/kubernetes/NAME in the repository.
@@ -555,11 +606,17 @@ fn shipped_rbac_is_enough_and_nodes_and_pods_add_locality_labels_and_identity() 
     until("endpoint labels follow the pod", &xds, |i| {
         find(i, "web").is_some_and(|w| w["spec"]["endpoints"][0]["labels"]["version"] == "v2")
     });
-    a.assert_steady(Duration::from_secs(2));
+    // The namespaced variant's Service is the one change `a` (every namespace) sees after
+    // its quiet window.
+    kube.namespace("team-b");
+    steady_then_a_new_service(
+        &kube,
+        &a,
+        Duration::from_secs(2),
+        &service("team-b", "api", &[("grpc", 9090, 9090)]),
+    );
 
     // The namespaced variant, as shipped but for its namespace.
-    kube.namespace("team-b");
-    kube.apply_service(&service("team-b", "api", &[("grpc", 9090, 9090)]));
     kube.apply_manifest(&manifest("adapter-kube-rbac-namespaced.yaml"), |o| {
         o["metadata"]["namespace"] = json!("team-b");
     });
@@ -619,5 +676,10 @@ fn a_thousand_services_with_ten_endpoints_each() {
         bulk.len() == SERVICES && bulk.iter().all(|s| endpoint_addresses(s).len() == 10)
     });
     assert_eq!(items.len(), SERVICES + 1, "{:?}", item_names(&items));
-    a.assert_steady(Duration::from_secs(3));
+    steady_then_a_new_service(
+        &kube,
+        &a,
+        Duration::from_secs(3),
+        &service("bulk", "svc-late", &[("http", 80, 8080)]),
+    );
 }

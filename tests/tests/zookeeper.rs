@@ -938,10 +938,30 @@ fn safety_pass_reads_only_what_changed() {
     }
     let last = after.last().expect("a pass");
     assert!(last.contains("nothing changed"), "{last}");
+    let snapshots = a.metric("mcp_adapter_snapshots_total");
     a.assert_steady_polling(
         Duration::from_secs(3),
         Duration::from_millis(250),
         &["/registryz"],
+    );
+    // A later change is the one new snapshot, and exactly it is served: a snapshot a pass sent
+    // after the quiet window above (for the first change, or for nothing) is counted here too.
+    w.create(&provider("com.example.safe03", "10.30.3.9", 20880, ""), "");
+    let items = until("a provider after the quiet passes", &xds, |i| {
+        find(i, "com.example.safe03").is_some_and(|s| endpoint_count(s) == 4)
+    });
+    assert_eq!(
+        a.metric("mcp_adapter_snapshots_total"),
+        snapshots + 1.0,
+        "the new provider is the one snapshot since the window; log:\n{}",
+        a.log_tail()
+    );
+    assert_eq!(items.len(), 30);
+    let counts: Vec<usize> = items.iter().map(endpoint_count).collect();
+    assert_eq!(
+        counts.iter().filter(|&&n| n == 4).count(),
+        2,
+        "safe07 and safe03 grew, nothing else: {counts:?}"
     );
 }
 

@@ -71,6 +71,46 @@ fn assert_undisturbed(a: &Adapter, snapshots: f64, e: &Ensemble) {
     );
 }
 
+/// The positive step after a quiet window (`snapshots` and `errors`, the counts, read before
+/// it): one more greeter provider at `ip` must be the one new snapshot, the greeter served with
+/// exactly `want` then, with no registry error counted since. A snapshot or an error that came
+/// after the window for something before it is counted here too, so the window cannot pass
+/// by its event arriving late (#34 item 6).
+fn a_later_provider_is_the_one_change(
+    a: &Adapter,
+    w: &mut Writer,
+    xds: &str,
+    (snapshots, errors): (f64, f64),
+    ip: &str,
+    want: &[&str],
+) {
+    w.retry(&format!("create {} ", dubbo(ip)));
+    e2e::wait_served(Duration::from_secs(60), "a later provider", xds, |i| {
+        find(i, GREETER).is_some_and(|g| endpoint_addresses(g) == want)
+    });
+    assert_eq!(
+        a.metric("mcp_adapter_snapshots_total"),
+        snapshots + 1.0,
+        "the later provider is the one snapshot since the window; log:\n{}",
+        a.log_tail()
+    );
+    assert_eq!(
+        a.metric("mcp_adapter_registry_errors_total"),
+        errors,
+        "registry errors since the window; log:\n{}",
+        a.log_tail()
+    );
+}
+
+/// The counts [`a_later_provider_is_the_one_change`] compares with: snapshots and registry
+/// errors.
+fn counts(a: &Adapter) -> (f64, f64) {
+    (
+        a.metric("mcp_adapter_snapshots_total"),
+        a.metric("mcp_adapter_registry_errors_total"),
+    )
+}
+
 /// The leader, which the adapter is connected to, is stopped: the two others elect a new one
 /// within a few seconds, and the adapter's client reconnects to one of them on the same
 /// session.
@@ -167,11 +207,21 @@ fn rides_out_a_leader_election() {
     );
     a.assert_no_registry_errors("after the election");
     assert_eq!(a.metric("mcp_adapter_registry_retries_total"), 0.0);
+    let before = counts(&a);
     a.assert_steady_polling(
         Duration::from_secs(2),
         Duration::from_millis(200),
         &["/registryz"],
     );
+    a_later_provider_is_the_one_change(
+        &a,
+        &mut w,
+        &xds,
+        before,
+        "10.5.0.4",
+        &["10.5.0.1", "10.5.0.2", "10.5.0.4"],
+    );
+    assert_eq!(a.metric("mcp_adapter_registry_retries_total"), 0.0);
 }
 
 /// Every server down for longer than the session timeout: reported (`/registryz` 503, a retry
@@ -234,5 +284,14 @@ fn reports_a_long_outage_and_recovers() {
         &xds,
         |i| find(i, GREETER).is_some_and(|g| endpoint_addresses(g) == ["10.5.0.1", "10.5.0.3"]),
     );
+    let before = counts(&a);
     a.assert_recovered(Duration::from_secs(3));
+    a_later_provider_is_the_one_change(
+        &a,
+        &mut w,
+        &xds,
+        before,
+        "10.5.0.4",
+        &["10.5.0.1", "10.5.0.3", "10.5.0.4"],
+    );
 }
