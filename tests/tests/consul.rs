@@ -67,6 +67,32 @@ fn addresses(item: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The snapshots `a` built so far: read before a quiet window, for [`next_snapshot_is`].
+fn snapshots(a: &Adapter) -> f64 {
+    a.metric("mcp_adapter_snapshots_total")
+}
+
+/// The positive step after a quiet window (#34 item 6): `change`, once seen served (`served`),
+/// is the one snapshot built since `since` ([`snapshots`] before the window). A snapshot the
+/// window should have caught but that came after it (a late re-list or re-push) would be
+/// counted too, so the window cannot pass by the unwanted event arriving late.
+fn next_snapshot_is(
+    a: &Adapter,
+    since: f64,
+    what: &str,
+    change: &dyn Fn(),
+    served: &dyn Fn(&[Value]) -> bool,
+) {
+    change();
+    until(what, &a.xds_url(), served);
+    assert_eq!(
+        snapshots(a),
+        since + 1.0,
+        "{what}: the one snapshot since before the quiet window; log:\n{}",
+        a.log_tail()
+    );
+}
+
 #[test]
 #[ignore = "needs consul: tests/consul/build.sh target/consul (the README's test command builds it)"]
 fn follows_registrations_health_tags_and_meta() {
@@ -387,7 +413,16 @@ fn five_hundred_services_of_ten_instances() {
     until("change among 500", &xds, |i| {
         find(i, "svc-250").is_some_and(|w| addresses(w).len() == 9)
     });
+    let since = snapshots(&a);
     a.assert_steady(Duration::from_secs(3));
+    // The check passes again: that is the next snapshot, alone.
+    next_snapshot_is(
+        &a,
+        since,
+        "svc-250 whole again",
+        &|| consul.set_check(&node_of(250, 3), "svc-250-3", "passing"),
+        &|i| find(i, "svc-250").is_some_and(|w| addresses(w).len() == 10),
+    );
 }
 
 /// `/debug/resources` answers a page (500 by default), not the whole set, with the total and
@@ -509,7 +544,16 @@ fn five_thousand_services_on_a_stock_agent() {
     );
     let items = mcpctl_get(&xds);
     assert_eq!(addresses(find(&items, "svc-99").expect("svc-99")).len(), 3);
+    let since = snapshots(&a);
     a.assert_steady(Duration::from_secs(3));
+    // The new instance's check fails: that is the next snapshot, alone.
+    next_snapshot_is(
+        &a,
+        since,
+        "svc-99-new failing",
+        &|| consul.set_check("node-0", "svc-99-new", "critical"),
+        &|i| find(i, "svc-99").is_some_and(|s| addresses(s).len() == 2),
+    );
 }
 
 /// The endpoint labels of the first endpoint of `item`.
@@ -557,6 +601,7 @@ fn two_hundred_tags_are_cut_to_max_labels_with_a_warning_and_the_service_served(
         a.log_tail()
     );
     // Nothing changes: nothing is translated (or warned about) again.
+    let since = snapshots(&a);
     a.assert_steady(Duration::from_secs(3));
     assert_eq!(warned(), 1.0);
 
@@ -576,7 +621,31 @@ fn two_hundred_tags_are_cut_to_max_labels_with_a_warning_and_the_service_served(
         keys,
         ["k000", "k001", "k002", "k003", "k004", "k005", "k006", "k007"]
     );
+    let b_since = snapshots(&b);
     b.assert_steady(Duration::from_secs(2));
+
+    // A new service after both quiet windows is each adapter's one snapshot since before its
+    // window: a re-translation that came after a window would be counted too.
+    next_snapshot_is(
+        &a,
+        since,
+        "api served",
+        &|| {
+            consul.register(
+                &Registration::new("n1", "api", "api-1", "10.0.0.3", 8080).protocol("http"),
+            )
+        },
+        &|i| find(i, "api").is_some(),
+    );
+    until("api on the second adapter", &b.xds_url(), |i| {
+        find(i, "api").is_some()
+    });
+    assert_eq!(
+        snapshots(&b),
+        b_since + 1.0,
+        "the second adapter's one snapshot since before its window; log:\n{}",
+        b.log_tail()
+    );
 }
 
 #[test]
@@ -625,7 +694,18 @@ fn an_answer_over_max_response_size_is_a_registry_error_and_the_last_good_state_
     a.wait_registryz(Duration::from_secs(40), "registryz 200 again", 200);
     let after = mcpctl_get(&xds);
     assert_eq!(find(&after, "web"), find(&before, "web"), "same version");
+    let (since, errors) = (snapshots(&a), a.metric("mcp_adapter_registry_errors_total"));
     a.assert_recovered(Duration::from_secs(3));
+    // A small change under the cap is the next snapshot, alone, and no error comes with it.
+    next_snapshot_is(
+        &a,
+        since,
+        "a second web instance",
+        &|| consul.register(&web_instance("n2", "web-2", "10.0.0.2")),
+        &|i| find(i, "web").is_some_and(|w| addresses(w).len() == 2),
+    );
+    assert_eq!(a.metric("mcp_adapter_registry_errors_total"), errors);
+    assert_eq!(a.get("/registryz").0, 200);
 }
 
 /// The virtual IP of every served item that has one, by name.
@@ -888,9 +968,20 @@ fn a_change_costs_requests_in_proportion_to_what_changed() {
     );
     assert_eq!(requests(&a, LOOK, "read"), looks, "no sweep");
 
-    let before = reads(&a);
+    let (before, since) = (reads(&a), snapshots(&a));
     a.assert_steady(Duration::from_secs(3));
     assert_eq!(reads(&a), before, "reads while nothing changed");
+    // Another health change after the window is the next snapshot, alone, and costs its one
+    // fetch: a read or snapshot that came after the window would be counted here.
+    next_snapshot_is(
+        &a,
+        since,
+        "svc-8 without endpoints",
+        &|| consul.set_check(&node_of(8, 0), "svc-8-0", "critical"),
+        &|i| find(i, "svc-8").is_some_and(|s| addresses(s).is_empty()),
+    );
+    assert_eq!(reads(&a), before + 1.0, "one fetch for one health change");
+    assert_eq!(requests(&a, LOOK, "read"), looks, "no sweep");
 }
 
 /// Answers of the services' own queries: each one sent is the re-arm after an answer.
@@ -1044,9 +1135,25 @@ fn an_instance_change_costs_its_own_answer_and_nothing_else() {
         &|i| endpoints_of(i, "fresh").len() == 2,
     );
 
-    let (r, w) = (reads(&a), answers());
+    let (r, w, since) = (reads(&a), answers(), snapshots(&a));
     a.assert_steady(Duration::from_secs(3));
     quiet("nothing changed at the end", r, w, 0.0);
+    // The new service's instance leaves: the next snapshot, alone, costing its own answer and
+    // nothing else (a read, answer or snapshot after the window would be counted here).
+    next_snapshot_is(
+        &a,
+        since,
+        "fresh back to one instance",
+        &|| {
+            step(
+                "fresh back to one instance",
+                1.0,
+                &|| consul.deregister(&node_of(2, 0), "fresh-1"),
+                &|i| endpoints_of(i, "fresh").len() == 1,
+            )
+        },
+        &|i| endpoints_of(i, "fresh").len() == 1,
+    );
 }
 
 /// #22 item 9, the connection limit: an agent allowing 80 connections from one address and an
@@ -1125,7 +1232,28 @@ fn an_agent_out_of_connections_gets_fewer_watches_and_loses_nothing() {
         "no watch given up or opened after it settled"
     );
     a.assert_no_registry_errors("after the changes");
+    let since = snapshots(&a);
     a.assert_steady(Duration::from_secs(3));
+    // One more instance after the window arrives as the next snapshot, alone, with no watch
+    // given up or opened and no registry error: one that came after the window would show.
+    next_snapshot_is(
+        &a,
+        since,
+        "svc-5 with a second instance",
+        &|| {
+            consul.register_patiently(
+                &Registration::new(&node_of(5, 1), "svc-5", "svc-5-1", "10.251.1.6", 8080)
+                    .protocol("http"),
+            );
+        },
+        &|i| find(i, "svc-5").is_some_and(|e| addresses(e).len() == 2),
+    );
+    assert_eq!(
+        a.metric("mcp_adapter_registry_service_watches"),
+        watching,
+        "no watch given up or opened by the last change"
+    );
+    a.assert_no_registry_errors("after the last change");
 }
 
 /// #22 item 9, churn with the default budget (64 own queries for 200 services): the services
@@ -1192,9 +1320,27 @@ fn services_that_churn_get_their_own_queries_with_the_default_budget() {
         );
     }
     assert_eq!(requests(&a, LOOK, "read"), looks, "no sweep");
-    let (r, w) = (reads(&a), own_answers(&a));
+    let (r, w, since) = (reads(&a), own_answers(&a), snapshots(&a));
     a.assert_steady(Duration::from_secs(3));
     quiet(&a, "nothing changed at the end", r, w, 0.0);
+    // One more change of a hot service is the next snapshot, alone, and costs its own answer:
+    // a read, answer or snapshot that came after the window would be counted here.
+    let s = hot[0];
+    next_snapshot_is(
+        &a,
+        since,
+        "the first hot service back to one instance",
+        &|| {
+            costs_own_answers(
+                &a,
+                "the first hot service back to one instance",
+                1.0,
+                &|| consul.deregister(&node_of(s, 1), &format!("svc-{s}-1")),
+                &|i| count(i, s) == 1,
+            )
+        },
+        &|i| count(i, s) == 1,
+    );
 }
 
 /// #33 item 10: a proxy in front of Consul that closes connections idle for 2 s (a cloud load

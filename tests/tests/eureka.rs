@@ -652,7 +652,36 @@ fn huge_metadata_is_cut_to_max_labels_and_an_answer_over_the_cap_keeps_the_last_
         addresses_of(&mcpctl_get(&capped_xds), "orders"),
         Some(vec!["10.0.0.1".to_string()])
     );
+    let snapshots = |x: &Adapter| x.metric("mcp_adapter_snapshots_total");
+    let (since, capped_errors) = (
+        (snapshots(&a), snapshots(&capped)),
+        capped.metric("mcp_adapter_registry_errors_total"),
+    );
     // Two refresh intervals of 5 s.
     capped.assert_recovered(Duration::from_secs(11));
     a.assert_no_registry_errors("after the instance left");
+
+    // A small instance after the window is each adapter's one snapshot since before it, and
+    // the capped one takes it without an error: a snapshot or error that came late, after the
+    // window (a late oversized answer), would be counted here.
+    eureka.register(&Instance::new("orders", "orders-3", "10.0.0.3", 8080));
+    for (what, x) in [("orders-3 served", &xds), ("orders-3 capped", &capped_xds)] {
+        until(what, x, |i| {
+            addresses_of(i, "orders").is_some_and(|v| v.len() == 2)
+        });
+    }
+    assert_eq!(
+        (snapshots(&a), snapshots(&capped)),
+        (since.0 + 1.0, since.1 + 1.0),
+        "orders-3 is each one's one snapshot since before the window; log:\n{}\ncapped:\n{}",
+        a.log_tail(),
+        capped.log_tail()
+    );
+    assert_eq!(
+        capped.metric("mcp_adapter_registry_errors_total"),
+        capped_errors,
+        "{}",
+        capped.log_tail()
+    );
+    a.assert_no_registry_errors("after orders-3");
 }

@@ -66,6 +66,71 @@ fn next_version(a: &Adapter, old: &str) -> String {
     })
 }
 
+/// What a quiet window that ends a test starts from, for [`Quiet::next_edit_is_the_one_change`]:
+/// each adapter's snapshots, and each watched sink's responses.
+struct Quiet {
+    snapshots: Vec<f64>,
+    seen: Vec<Vec<String>>,
+}
+
+impl Quiet {
+    /// Taken before the window, on `adapters` and the sinks `which` of `sinks`.
+    fn before(adapters: &[&Adapter], sinks: &XdsSinks, which: &[usize]) -> Quiet {
+        Quiet {
+            snapshots: adapters
+                .iter()
+                .map(|a| a.metric("mcp_adapter_snapshots_total"))
+                .collect(),
+            seen: which.iter().map(|&i| sinks.state(i).versions).collect(),
+        }
+    }
+
+    /// The positive step after the window (#34 item 6): one more service, `extra.yaml` in
+    /// `dir` (one new file, so one edit however the adapters poll), makes `count` services. It
+    /// must be each adapter's one snapshot since before the window, and each sink's one response
+    /// since then. A snapshot or response that came late, after the window, would be counted
+    /// here, so the window cannot pass by the unwanted event arriving late.
+    fn next_edit_is_the_one_change(
+        self,
+        (dir, pad, count): (&Path, usize, usize),
+        adapters: &[&Adapter],
+        sinks: &XdsSinks,
+        which: &[usize],
+    ) {
+        let tmp = dir.join(".extra.tmp");
+        std::fs::write(&tmp, service(9999, 0, pad)).expect("write");
+        std::fs::rename(&tmp, dir.join("extra.yaml")).expect("rename");
+        let new: Vec<String> = adapters
+            .iter()
+            .map(|a| {
+                wait_for(Duration::from_secs(30), "the extra service served", || {
+                    (a.metric("mcp_adapter_resources") == count as f64).then_some(())
+                });
+                served_version(a)
+            })
+            .collect();
+        // Versions are content hashes: every adapter reading the same files agrees.
+        assert!(new.iter().all(|v| *v == new[0]), "{new:?}");
+        sinks.wait_version(which, &new[0], Duration::from_secs(60));
+        for (a, before) in adapters.iter().zip(self.snapshots) {
+            assert_eq!(
+                a.metric("mcp_adapter_snapshots_total"),
+                before + 1.0,
+                "the edit is the one snapshot since before the window; log:\n{}",
+                a.log_tail()
+            );
+        }
+        for (&i, mut want) in which.iter().zip(self.seen) {
+            want.push(new[0].clone());
+            assert_eq!(
+                sinks.state(i).versions,
+                want,
+                "sink {i}: the edit is its one response since before the window"
+            );
+        }
+    }
+}
+
 /// Samples a process's RSS every 20 ms on its own thread; keeps the peak, and calls `over` once
 /// if it passes `limit_mib`.
 struct RssWatch {
@@ -330,7 +395,9 @@ fn a_flood_of_streams_and_type_urls_is_refused_and_memory_stays_bounded() {
     );
     assert_eq!(good.state(0).ended, None);
     assert_eq!(good.state(1).ended, None);
+    let quiet = Quiet::before(&[&a], &good, &[0, 1]);
     a.assert_steady(Duration::from_secs(2));
+    quiet.next_edit_is_the_one_change((dir.path(), 0, 21), &[&a], &good, &[0, 1]);
 }
 
 /// Slow sinks under churn: 20 sinks (10 SotW, 10 delta) that ACK each response 2-4 s after
@@ -451,7 +518,7 @@ fn slow_sinks_under_churn_pin_no_old_snapshots() {
         "no unacknowledged response",
         || (served.metric("mcp_adapter_unacked_responses") == 0.0).then_some(()),
     );
-    for i in all {
+    for &i in &all {
         let s = sinks.state(i);
         assert_eq!(s.ended, None, "sink {i}");
         assert_eq!(
@@ -460,8 +527,16 @@ fn slow_sinks_under_churn_pin_no_old_snapshots() {
             "sink {i} holds the whole set"
         );
     }
+    let quiet = Quiet::before(&[&served, &floor], &sinks, &all);
     floor.assert_steady(Duration::from_secs(2));
     served.assert_steady(Duration::from_secs(2));
+    // The sinks sit on `served` only; `floor` reads the same files.
+    quiet.next_edit_is_the_one_change(
+        (dir.path(), PAD, FILES * PER_FILE + 1),
+        &[&served, &floor],
+        &sinks,
+        &all,
+    );
 }
 
 /// Issue #33: connections that open no stream, many connections from one address, connections

@@ -45,7 +45,32 @@ fn client_flags(dir: &Path, who: &str) -> Vec<String> {
 
 /// `mcpctl get se` once against `server` as `who`: success and stderr.
 fn get_as(server: &str, dir: &Path, who: &str) -> (bool, String) {
-    let out = Command::new(workspace_bin("mcpctl"))
+    let out = mcpctl_as(server, dir, who);
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The names `mcpctl get se` lists against `server` as `who`, who must be served.
+fn names_as(server: &str, dir: &Path, who: &str) -> Vec<String> {
+    let out = mcpctl_as(server, dir, who);
+    assert!(
+        out.status.success(),
+        "{who} on {server}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("mcpctl JSON");
+    e2e::item_names(
+        list["items"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default(),
+    )
+}
+
+fn mcpctl_as(server: &str, dir: &Path, who: &str) -> std::process::Output {
+    Command::new(workspace_bin("mcpctl"))
         .args([
             "get",
             "se",
@@ -58,11 +83,7 @@ fn get_as(server: &str, dir: &Path, who: &str) -> (bool, String) {
         ])
         .args(client_flags(dir, who))
         .output()
-        .expect("run mcpctl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+        .expect("run mcpctl")
 }
 
 /// Serial number (as `openssl x509 -serial` prints it) of the certificate a new TLS connection
@@ -253,7 +274,34 @@ fn only_clients_with_an_allowed_san_are_served() {
     assert_eq!(adapter.metric("mcp_adapter_tls_reloads_total"), 0.0);
     assert_eq!(adapter.metric("mcp_adapter_tls_reload_failing"), 0.0);
     assert_eq!(adapter.metric("mcp_adapter_connected_sinks"), 0.0);
+    let (snapshots, san_refused) = (
+        adapter.metric("mcp_adapter_snapshots_total"),
+        refused("san_not_allowed"),
+    );
     adapter.assert_steady(Duration::from_secs(1));
+
+    // A service added after the window is the one new snapshot since before it, served to an
+    // allowed client, and nothing else moved: a snapshot, reload or refusal that came late,
+    // after the window, would be counted here.
+    // Replaced in one rename: a half-written file read would be a snapshot of its own.
+    std::fs::write(d.join("se.yaml.tmp"), services_yaml(&["a", "b"])).expect("write");
+    std::fs::rename(d.join("se.yaml.tmp"), d.join("se.yaml")).expect("rename");
+    wait_for(WAIT, "b served to istiod", || {
+        (names_as(&xds, d, "istiod") == ["ns/a", "ns/b"]).then_some(())
+    });
+    assert_eq!(
+        adapter.metric("mcp_adapter_snapshots_total"),
+        snapshots + 1.0,
+        "the edit is the one snapshot since before the window; log:\n{}",
+        adapter.log_tail()
+    );
+    assert_eq!(
+        (refused("handshake"), refused("san_not_allowed")),
+        (0.0, san_refused),
+        "{}",
+        adapter.log_tail()
+    );
+    assert_eq!(adapter.metric("mcp_adapter_tls_reloads_total"), 0.0);
 }
 
 /// A Kubernetes secret volume: `tls.crt`, `tls.key` and `ca.crt` are links through `..data` to a
