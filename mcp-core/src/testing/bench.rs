@@ -5,6 +5,22 @@
 use std::fmt;
 use std::process::Command;
 
+/// `MCP_BENCH_SMOKE=1` (set by the README's test command, `scripts/test.sh`): every bench runs
+/// one short iteration at a tiny size, so that none rots between real runs. Its figures mean
+/// nothing and nothing about them is asserted; a bench that panics fails the test command.
+pub fn smoke() -> bool {
+    std::env::var_os("MCP_BENCH_SMOKE").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// `full` normally, `tiny` in a smoke run ([`smoke`]).
+pub fn scaled(full: usize, tiny: usize) -> usize {
+    if smoke() {
+        tiny
+    } else {
+        full
+    }
+}
+
 /// A process whose `/proc` entries are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Proc {

@@ -1,7 +1,7 @@
 //! Helpers shared by this crate's bench binaries: model input, a raw xDS client, the admin
 //! port, and the machine line of the summaries. What a process costs (`/proc`) is read with
 //! `mcp_core::testing::bench`, which the end-to-end scale bench shares.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::net::SocketAddr;
 
@@ -21,21 +21,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Channel;
 use tonic::Streaming;
 
-/// `MCP_BENCH_SMOKE=1` (set by the README's test command, `scripts/test.sh`): one short
-/// iteration at a tiny size, so that every bench runs in the suite and none rots. Its figures
-/// mean nothing and nothing about them is asserted.
-pub fn smoke() -> bool {
-    std::env::var_os("MCP_BENCH_SMOKE").is_some_and(|v| !v.is_empty() && v != "0")
-}
-
-/// `full` normally, `tiny` under [`smoke`].
-pub fn scaled(full: usize, tiny: usize) -> usize {
-    if smoke() {
-        tiny
-    } else {
-        full
-    }
-}
+pub use mcp_core::testing::bench::{scaled, smoke};
 
 /// The type URL istiod 1.24+ subscribes to.
 pub const SE: &str = "networking.istio.io/v1/ServiceEntry";

@@ -2,18 +2,7 @@
 //! one short iteration at a tiny size, so that none rots between real runs. Its figures mean
 //! nothing and nothing about them is asserted; a bench that panics fails the test command.
 
-#![allow(dead_code)]
+// Each bench includes this file and uses what it needs of it.
+#![allow(dead_code, unused_imports)]
 
-/// Whether this is a smoke run.
-pub fn smoke() -> bool {
-    std::env::var_os("MCP_BENCH_SMOKE").is_some_and(|v| !v.is_empty() && v != "0")
-}
-
-/// `full` normally, `tiny` in a smoke run.
-pub fn scaled(full: usize, tiny: usize) -> usize {
-    if smoke() {
-        tiny
-    } else {
-        full
-    }
-}
+pub use mcp_core::testing::bench::{scaled, smoke};
