@@ -30,20 +30,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use mcp_core::model::{CreationOrder, ServiceKey};
+use mcp_core::testing::bench::env_usize;
 use mcp_core::vip::{VipCidr, Vips};
 
 use common::machine;
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .map(|v| {
-            v.trim()
-                .parse()
-                .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
-        })
-        .unwrap_or(default)
-}
 
 /// The keys `svc-00000`.. in creation order, and a shuffled order for their leaves (a fixed
 /// xorshift, so every run leaves in the same order).
@@ -163,8 +153,8 @@ fn p99_us(d: &[Duration]) -> f64 {
 
 fn main() {
     let smoke = common::smoke();
-    let n = env_or("VIP_BENCH_SERVICES", if smoke { 150 } else { 50_000 });
-    let prefix = env_or("VIP_BENCH_PREFIX", if smoke { 24 } else { 16 });
+    let n = env_usize("VIP_BENCH_SERVICES", if smoke { 150 } else { 50_000 });
+    let prefix = env_usize("VIP_BENCH_PREFIX", if smoke { 24 } else { 16 });
     let cidr: VipCidr = format!("10.96.0.0/{prefix}")
         .parse()
         .unwrap_or_else(|e| panic!("10.96.0.0/{prefix}: {e}"));

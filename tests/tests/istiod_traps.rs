@@ -19,6 +19,24 @@ use e2e::kube::KubeApiServer;
 use e2e::stall_proxy::StallProxy;
 use e2e::{free_addr, ns_name, service_entry_yaml, wait_for, wait_served, Adapter};
 
+/// An API server with istiod's namespace, as every trap's istiod reads it.
+fn api_server() -> KubeApiServer {
+    let kube = KubeApiServer::start();
+    kube.namespace("istio-system");
+    kube
+}
+
+/// A directory holding one ServiceEntry file, `<name>.yaml`, with one endpoint `ip`.
+fn one_entry(name: &str, ip: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join(format!("{name}.yaml")),
+        service_entry_yaml(name, ip),
+    )
+    .expect("write");
+    dir
+}
+
 /// An adapter-file serving the ServiceEntry files in `dir` (polled every 100 ms).
 fn adapter_file(dir: &Path) -> Adapter {
     let a = Adapter::start(
@@ -59,8 +77,7 @@ fn wait_configz(istiod: &Istiod, want: &[&str], what: &str) {
 #[test]
 #[ignore = "needs pilot-discovery and kube-apiserver: tests/go-peers/build.sh target"]
 fn trap_1_istiod_reads_service_entry_objects_only_with_a_k8s_source() {
-    let kube = KubeApiServer::start();
-    kube.namespace("istio-system");
+    let kube = api_server();
     kube.namespace("cluster");
     apply_istio_crds(&kube);
     // A ServiceEntry object in the API server, as a CRD writer or `--output kube` leaves it.
@@ -133,14 +150,8 @@ fn trap_1_istiod_reads_service_entry_objects_only_with_a_k8s_source() {
 #[test]
 #[ignore = "needs pilot-discovery and kube-apiserver: tests/go-peers/build.sh target"]
 fn trap_2_istiod_exits_when_a_source_is_down_at_its_start() {
-    let kube = KubeApiServer::start();
-    kube.namespace("istio-system");
-    let files = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        files.path().join("web.yaml"),
-        service_entry_yaml("web", "10.0.0.1"),
-    )
-    .expect("write");
+    let kube = api_server();
+    let files = one_entry("web", "10.0.0.1");
     let up = adapter_file(files.path());
     // Nobody listens here yet.
     let down = free_addr();
@@ -173,12 +184,7 @@ fn trap_2_istiod_exits_when_a_source_is_down_at_its_start() {
 
     // The same sources with an adapter listening at the address: istiod starts and is ready, so
     // the exit above was that source's doing.
-    let files2 = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        files2.path().join("api.yaml"),
-        service_entry_yaml("api", "10.0.0.2"),
-    )
-    .expect("write");
+    let files2 = one_entry("api", "10.0.0.2");
     let second = Adapter::start_on(
         "adapter-file",
         down,
@@ -202,14 +208,8 @@ fn trap_2_istiod_exits_when_a_source_is_down_at_its_start() {
 #[test]
 #[ignore = "needs pilot-discovery and kube-apiserver: tests/go-peers/build.sh target"]
 fn trap_2_istiod_is_not_ready_while_a_source_is_silent_and_then_exits() {
-    let kube = KubeApiServer::start();
-    kube.namespace("istio-system");
-    let files = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        files.path().join("web.yaml"),
-        service_entry_yaml("web", "10.0.0.1"),
-    )
-    .expect("write");
+    let kube = api_server();
+    let files = one_entry("web", "10.0.0.1");
     let answering = adapter_file(files.path());
     let silent = adapter_file(files.path());
     // The second source accepts istiod's connection and then says nothing (not even gRPC's
@@ -270,8 +270,7 @@ fn labelled_service_entry(name: &str, ip: &str, labels: &str) -> String {
 #[test]
 #[ignore = "needs pilot-discovery and kube-apiserver: tests/go-peers/build.sh target"]
 fn trap_6_istiod_drops_resources_of_another_revision() {
-    let kube = KubeApiServer::start();
-    kube.namespace("istio-system");
+    let kube = api_server();
     let files = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         files.path().join("plain.yaml"),

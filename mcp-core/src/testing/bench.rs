@@ -12,6 +12,19 @@ pub fn smoke() -> bool {
     std::env::var_os("MCP_BENCH_SMOKE").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
+/// The number in the environment variable `name`, else `default`; a value that is not a
+/// number stops the bench with its name (a typo must not silently run the default size).
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+        })
+        .unwrap_or(default)
+}
+
 /// `full` normally, `tiny` in a smoke run ([`smoke`]).
 pub fn scaled(full: usize, tiny: usize) -> usize {
     if smoke() {

@@ -16,16 +16,7 @@ pub fn ms_between(from: u64, to: u64) -> f64 {
     (to as f64 - from as f64) / 1e6
 }
 
-pub fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .map(|v| {
-            v.trim()
-                .parse()
-                .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
-        })
-        .unwrap_or(default)
-}
+pub use mcp_core::testing::bench::env_usize;
 
 pub fn env_list(name: &str) -> Option<Vec<usize>> {
     std::env::var(name).ok().map(|v| {
