@@ -8,8 +8,8 @@ ZK="${ZK_SERVERS:-zookeeper:2181}"
 
 zk() { zkCli.sh -server "$ZK" "$@" 2>/dev/null | grep -v '^$' | tail -n 1; }
 
-# create PATH [DATA]: creates PATH and any missing parents (zkCli's create has no -p).
-create() {
+# chain PATH [DATA]: creates PATH and any missing parents (zkCli's create has no -p).
+chain() {
   local path="$1" data="${2:-}" prefix=""
   local IFS=/
   for part in ${path#/}; do
@@ -20,8 +20,24 @@ create() {
       zk create "$prefix" >/dev/null || true
     fi
   done
-  zk stat "$path" | grep -q numChildren || { echo "failed to create $path" >&2; exit 1; }
-  echo " zookeeper: $path"
+}
+
+# create PATH [DATA]: chain, until PATH is there. zkCli.sh starts a session per command, and on a
+# busy machine a command can run before its session is up and fail with ConnectionLoss instead of
+# waiting (a parent left out that way failed the demo's seed once): check, and go again.
+create() {
+  local path="$1" attempt
+  for ((attempt = 1; attempt <= 10; attempt++)); do
+    chain "$@"
+    if zk stat "$path" | grep -q numChildren; then
+      echo " zookeeper: $path"
+      return 0
+    fi
+    echo "zookeeper: $path not there after attempt $attempt, trying again" >&2
+    sleep 1
+  done
+  echo "failed to create $path" >&2
+  exit 1
 }
 
 # A Dubbo provider znode: /dubbo/{interface}/providers/{URL-encoded provider URL}.
