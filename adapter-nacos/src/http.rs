@@ -1,0 +1,465 @@
+//! Nacos' Open API over HTTP: login (the access token the gRPC requests carry too), the
+//! namespace list and each namespace's service catalog (names only, every group).
+//!
+//! Instances are never read here: they come from the gRPC subscriptions ([`crate::session`]).
+//! The catalog is the one listing of every group in a namespace (the gRPC `ServiceListRequest`
+//! lists one group); it carries counts, not instances, so reading it often is cheap.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use mcp_runtime::http_client::{HttpError, ReloadingClient};
+use mcp_runtime::secret::{Secret, SecretSource};
+use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
+
+use crate::config::NacosConfig;
+use crate::dto::{CatalogPage, CatalogService, Login, Namespaces};
+use crate::stats::NacosStats;
+
+/// Catalog page size: Nacos caps pages at 500 in places; this many names is a few tens of KiB.
+const PAGE_SIZE: u64 = 500;
+
+/// Why a request failed, or why the client cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpClientError {
+    /// The server could not be reached or answered 5xx.
+    #[error("Nacos at {server} is unavailable: {message}")]
+    Unavailable {
+        /// The server.
+        server: String,
+        /// What happened.
+        message: String,
+    },
+    /// The server refused our credentials (or wants some).
+    #[error("Nacos at {server} refused access to {what}: HTTP {status}")]
+    Unauthorized {
+        /// The server.
+        server: String,
+        /// The request.
+        what: String,
+        /// 401 or 403.
+        status: u16,
+    },
+    /// The server answered something we could not use.
+    #[error("unexpected answer from Nacos at {server} to {what}: {message}")]
+    BadResponse {
+        /// The server.
+        server: String,
+        /// The request.
+        what: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// A `--nacos-addr` is not usable.
+    #[error("--nacos-addr {0:?}: {1}")]
+    BadAddress(String, String),
+    /// The credentials file could not be read or does not hold `user:password`.
+    #[error("--nacos-auth-file {path}: {message}")]
+    Credentials {
+        /// The file (or the variables' names).
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The TLS files or the HTTP client settings are unusable.
+    #[error("{0}")]
+    Client(String),
+}
+
+impl From<HttpClientError> for mcp_core::RegistryError {
+    fn from(e: HttpClientError) -> Self {
+        match e {
+            HttpClientError::Unauthorized { .. } => Self::Unauthorized(e.to_string()),
+            HttpClientError::BadResponse { .. } => Self::BadResponse(e.to_string()),
+            _ => Self::Unavailable(e.to_string()),
+        }
+    }
+}
+
+/// One configured server.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Server {
+    /// `http(s)://host:port` of its HTTP port.
+    pub http: String,
+    /// `http(s)://host:port` of its gRPC port.
+    pub grpc: String,
+    /// TLS on both ports.
+    pub tls: bool,
+    /// The host, for TLS server names.
+    pub host: String,
+}
+
+/// Parses `host:port`, `http://host:port` or `https://host:port`.
+pub fn parse_server(raw: &str, grpc_offset: u16) -> Result<Server, HttpClientError> {
+    let bad = |m: &str| HttpClientError::BadAddress(raw.to_string(), m.to_string());
+    let with_scheme = if raw.contains("://") {
+        raw.to_string()
+    } else {
+        format!("http://{raw}")
+    };
+    let url = reqwest::Url::parse(&with_scheme).map_err(|e| bad(&e.to_string()))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(HttpClientError::BadAddress(
+            "<with credentials>".into(),
+            "credentials in the address are refused (they would show in `ps`); use \
+             NACOS_USERNAME/NACOS_PASSWORD or --nacos-auth-file"
+                .into(),
+        ));
+    }
+    let tls = match url.scheme() {
+        "http" => false,
+        "https" => true,
+        _ => return Err(bad("not http(s)")),
+    };
+    // `host_str` keeps an IPv6 address in brackets, as a URL needs it.
+    let host_part = url.host_str().ok_or_else(|| bad("no host"))?.to_string();
+    let port = url.port_or_known_default().ok_or_else(|| bad("no port"))?;
+    let grpc_port = port
+        .checked_add(grpc_offset)
+        .ok_or_else(|| bad("the gRPC port (HTTP port + offset) is above 65535"))?;
+    let scheme = url.scheme();
+    let host = host_part
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    Ok(Server {
+        http: format!("{scheme}://{host_part}:{port}"),
+        grpc: format!("{scheme}://{host_part}:{grpc_port}"),
+        tls,
+        host,
+    })
+}
+
+/// Nacos credentials: `user:password` from `--nacos-auth-file` (re-read when it changes), else
+/// `NACOS_USERNAME` + `NACOS_PASSWORD`. Never printed: a [`Secret`] until the login takes it.
+#[derive(Debug)]
+struct Credentials(SecretSource);
+
+impl Credentials {
+    fn load(file: Option<&Path>) -> Result<Self, HttpClientError> {
+        let env = match (
+            std::env::var("NACOS_USERNAME"),
+            std::env::var("NACOS_PASSWORD"),
+        ) {
+            (Ok(user), Ok(password)) if !user.is_empty() => Some(format!("{user}:{password}")),
+            _ => None,
+        };
+        let source = SecretSource::new("credentials", file, env).map_err(|e| {
+            HttpClientError::Credentials {
+                path: e.path.clone(),
+                message: e.source.to_string(),
+            }
+        })?;
+        let creds = Self(source);
+        creds.current()?;
+        Ok(creds)
+    }
+
+    fn current(&self) -> Result<Option<(String, Secret)>, HttpClientError> {
+        let bad = |message: String| HttpClientError::Credentials {
+            path: match &self.0 {
+                SecretSource::File { path, .. } => path.clone(),
+                _ => PathBuf::from("NACOS_USERNAME/NACOS_PASSWORD"),
+            },
+            message,
+        };
+        let Some(pair) = self.0.current().map_err(|e| bad(e.source.to_string()))? else {
+            return Ok(None);
+        };
+        let (user, password) = pair
+            .expose()
+            .split_once(':')
+            .ok_or_else(|| bad("expected one line `user:password`".into()))?;
+        Ok(Some((user.to_string(), Secret::new(password))))
+    }
+}
+
+/// A token and when to log in again.
+#[derive(Debug)]
+struct Token {
+    value: Secret,
+    renew_at: Instant,
+    /// For which server (a token is only good where it was issued, unless the cluster shares
+    /// its secret key).
+    server: usize,
+}
+
+/// The HTTP side of the client.
+#[derive(Debug)]
+pub struct HttpClient {
+    http: ReloadingClient,
+    servers: Vec<Server>,
+    current: AtomicUsize,
+    creds: Credentials,
+    token: Mutex<Option<Token>>,
+    stats: NacosStats,
+}
+
+impl HttpClient {
+    /// A client for the configured servers.
+    pub fn new(cfg: &NacosConfig, stats: NacosStats) -> Result<Self, HttpClientError> {
+        let servers = cfg
+            .addrs
+            .iter()
+            .map(|a| a.trim())
+            .filter(|a| !a.is_empty())
+            .map(|a| parse_server(a, cfg.grpc_port_offset))
+            .collect::<Result<Vec<_>, _>>()?;
+        if servers.is_empty() {
+            return Err(HttpClientError::BadAddress(
+                String::new(),
+                "no address given".into(),
+            ));
+        }
+        let mut settings = cfg.tls.settings();
+        settings.timeout = Some(cfg.timeout);
+        settings.connect_timeout = cfg.timeout.min(Duration::from_secs(5));
+        settings.max_idle = 2;
+        settings.max_response = cfg.response.max_response_size;
+        let http = ReloadingClient::new(settings)
+            .map_err(|e: HttpError| HttpClientError::Client(e.to_string()))?;
+        Ok(Self {
+            http,
+            servers,
+            current: AtomicUsize::new(0),
+            creds: Credentials::load(cfg.auth_file.as_deref())?,
+            token: Mutex::new(None),
+            stats,
+        })
+    }
+
+    /// The server in use.
+    pub fn server(&self) -> &Server {
+        &self.servers[self.current.load(Ordering::Relaxed) % self.servers.len()]
+    }
+
+    /// Moves to the next server (after the current one failed a watch).
+    pub fn next_server(&self) {
+        if self.servers.len() > 1 {
+            let next = (self.current.load(Ordering::Relaxed) + 1) % self.servers.len();
+            self.current.store(next, Ordering::Relaxed);
+            tracing::info!(server = %self.server().http, "Trying the next Nacos server.");
+        }
+    }
+
+    /// The access token to send now, logging in first when there is none for this server or it
+    /// is near its end; none when no credentials are configured.
+    pub async fn token(&self) -> Result<Option<Secret>, HttpClientError> {
+        let server = self.current.load(Ordering::Relaxed);
+        {
+            let t = self.token.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(t) = t.as_ref() {
+                if t.server == server && Instant::now() < t.renew_at {
+                    return Ok(Some(t.value.clone()));
+                }
+            }
+        }
+        let Some((user, password)) = self.creds.current()? else {
+            return Ok(None);
+        };
+        let base = &self.server().http;
+        let what = "POST /nacos/v1/auth/login".to_string();
+        self.stats.request("login");
+        let resp = self
+            .http
+            .get()
+            .post(format!("{base}/nacos/v1/auth/login"))
+            .form(&[("username", user.as_str()), ("password", password.expose())])
+            .send()
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        let login: Login = self.parse(resp, &what).await?;
+        // Renew at 80% of the lifetime (Nacos' tokens last 5 hours by default), so a token
+        // never expires between a check and the request that carries it.
+        let ttl = Duration::from_secs(login.token_ttl.unwrap_or(18_000).max(10));
+        let value = Secret::new(login.access_token);
+        tracing::info!(
+            server = %base,
+            user = %user,
+            ttl_s = ttl.as_secs(),
+            "Logged in to Nacos."
+        );
+        *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(Token {
+            value: value.clone(),
+            renew_at: Instant::now() + ttl.mul_f64(0.8),
+            server,
+        });
+        Ok(Some(value))
+    }
+
+    /// Forgets the token (the server refused it: log in again at the next request).
+    pub fn drop_token(&self) {
+        *self.token.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The ids of every namespace the server lists (`public` as the empty id).
+    pub async fn namespaces(&self) -> Result<Vec<String>, HttpClientError> {
+        self.stats.request("namespaces");
+        let ns: Namespaces = self.get("/nacos/v1/console/namespaces", &[]).await?;
+        let mut ids: Vec<String> = ns
+            .data
+            .into_iter()
+            .map(|n| {
+                if n.namespace == "public" {
+                    String::new()
+                } else {
+                    n.namespace
+                }
+            })
+            .collect();
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// Every service of namespace `ns`, every group: `(group, name)`, sorted.
+    pub async fn catalog(&self, ns: &str) -> Result<Vec<(String, String)>, HttpClientError> {
+        let mut out = Vec::new();
+        let mut page_no = 1u64;
+        loop {
+            self.stats.request("catalog");
+            let page: CatalogPage = self
+                .get(
+                    "/nacos/v1/ns/catalog/services",
+                    &[
+                        ("namespaceId", ns.to_string()),
+                        ("pageNo", page_no.to_string()),
+                        ("pageSize", PAGE_SIZE.to_string()),
+                        ("hasIpCount", "false".into()),
+                        ("withInstances", "false".into()),
+                    ],
+                )
+                .await?;
+            let n = page.service_list.len() as u64;
+            out.extend(page.service_list.into_iter().map(|s: CatalogService| {
+                let group = s
+                    .group_name
+                    .filter(|g| !g.is_empty())
+                    .unwrap_or_else(|| crate::dto::DEFAULT_GROUP.to_string());
+                let (group, name) = crate::dto::split_grouped(&s.name, &group);
+                (group.to_string(), name.to_string())
+            }));
+            if n < PAGE_SIZE || page_no * PAGE_SIZE >= page.count {
+                break;
+            }
+            page_no += 1;
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    async fn get<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T, HttpClientError> {
+        let what = format!("GET {path}");
+        let mut query: Vec<(&str, String)> = query.to_vec();
+        if let Some(token) = self.token().await? {
+            query.push(("accessToken", token.expose().to_string()));
+        }
+        let base = &self.server().http;
+        let resp = self
+            .http
+            .get()
+            .get(format!("{base}{path}"))
+            .query(&query)
+            .send()
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        if matches!(
+            resp.status(),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        ) {
+            // An expired or revoked token: the next request logs in again.
+            self.drop_token();
+        }
+        self.parse(resp, &what).await
+    }
+
+    async fn parse<T: DeserializeOwned>(
+        &self,
+        resp: reqwest::Response,
+        what: &str,
+    ) -> Result<T, HttpClientError> {
+        let server = self.server().http.clone();
+        let status = resp.status();
+        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            return Err(HttpClientError::Unauthorized {
+                server,
+                what: what.to_string(),
+                status: status.as_u16(),
+            });
+        }
+        if status.is_server_error() {
+            return Err(HttpClientError::Unavailable {
+                server,
+                message: format!("{what}: HTTP {status}"),
+            });
+        }
+        let body = self
+            .http
+            .body(resp)
+            .await
+            .map_err(|e| HttpClientError::BadResponse {
+                server: server.clone(),
+                what: what.to_string(),
+                message: e.to_string(),
+            })?;
+        if !status.is_success() {
+            return Err(HttpClientError::BadResponse {
+                server,
+                what: what.to_string(),
+                message: format!(
+                    "HTTP {status}: {}",
+                    mcp_core::clip::clip(&String::from_utf8_lossy(&body), 200)
+                ),
+            });
+        }
+        serde_json::from_slice(&body).map_err(|e| HttpClientError::BadResponse {
+            server,
+            what: what.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    fn unavailable(&self, e: reqwest::Error) -> HttpClientError {
+        // Without the URL: its query carries the access token.
+        HttpClientError::Unavailable {
+            server: self.server().http.clone(),
+            message: mcp_core::clip::error_chain(&e.without_url()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_with_and_without_scheme() {
+        let s = parse_server("10.0.0.1:8848", 1000).expect("plain");
+        assert_eq!(s.http, "http://10.0.0.1:8848");
+        assert_eq!(s.grpc, "http://10.0.0.1:9848");
+        assert!(!s.tls);
+        let s = parse_server("https://nacos.example:8443", 1000).expect("tls");
+        assert_eq!(
+            (s.http.as_str(), s.grpc.as_str(), s.tls, s.host.as_str()),
+            (
+                "https://nacos.example:8443",
+                "https://nacos.example:9443",
+                true,
+                "nacos.example"
+            )
+        );
+        let s = parse_server("[::1]:8848", 1000).expect("v6");
+        assert_eq!(s.grpc, "http://[::1]:9848");
+        for bad in ["ftp://a:1", "http://u:p@a:1", "a:65000"] {
+            assert!(parse_server(bad, 1000).is_err(), "{bad}");
+        }
+    }
+}
