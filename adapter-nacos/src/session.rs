@@ -368,9 +368,12 @@ fn tls_config(server: &Server, tls: &GrpcTls) -> Result<ClientTlsConfig, Session
     let read = |p: &std::path::Path| {
         std::fs::read(p).map_err(|e| SessionError::Tls(format!("{}: {e}", p.display())))
     };
+    // HTTP/2 without ALPN too: a TLS-terminating proxy in front of Nacos' gRPC port may not
+    // negotiate it, and the port speaks nothing else.
     let mut cfg = ClientTlsConfig::new()
         .domain_name(server.host.clone())
-        .with_native_roots();
+        .with_native_roots()
+        .assume_http2(true);
     if let Some(ca) = &tls.ca {
         cfg = cfg.ca_certificate(Certificate::from_pem(read(ca)?));
     }

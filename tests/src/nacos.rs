@@ -245,14 +245,19 @@ impl Nacos {
     /// user). The harness logs in (`POST /nacos/v1/auth/login`) after each start and sends the
     /// token with its requests; a [`Registrar`] logs in with the same credentials.
     pub fn start_with_auth(user: &str, password: &str) -> Nacos {
-        Self::launch(
-            vec![
-                ("RNACOS_ENABLE_OPEN_API_AUTH".into(), "true".into()),
-                ("RNACOS_INIT_ADMIN_USERNAME".into(), user.into()),
-                ("RNACOS_INIT_ADMIN_PASSWORD".into(), password.into()),
-            ],
-            Some((user.to_string(), password.to_string())),
-        )
+        Self::start_with_auth_env(user, password, &[])
+    }
+
+    /// [`Nacos::start_with_auth`] with extra `RNACOS_*` settings (`RNACOS_API_LOGIN_TIMEOUT`:
+    /// the tokens' lifetime in seconds).
+    pub fn start_with_auth_env(user: &str, password: &str, env: &[(&str, &str)]) -> Nacos {
+        let mut all: Vec<(String, String)> = vec![
+            ("RNACOS_ENABLE_OPEN_API_AUTH".into(), "true".into()),
+            ("RNACOS_INIT_ADMIN_USERNAME".into(), user.into()),
+            ("RNACOS_INIT_ADMIN_PASSWORD".into(), password.into()),
+        ];
+        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Self::launch(all, Some((user.to_string(), password.to_string())))
     }
 
     fn launch(env: Vec<(String, String)>, auth: Option<(String, String)>) -> Nacos {
@@ -458,8 +463,17 @@ impl Nacos {
         if let Some(t) = &self.token {
             headers.push(("accessToken", t.as_str()));
         }
-        http(self.http, method, &path, &headers, "")
-            .unwrap_or_else(|e| panic!("rnacos {method} {path}: {e}"))
+        let answer = http(self.http, method, &path, &headers, "")
+            .unwrap_or_else(|e| panic!("rnacos {method} {path}: {e}"));
+        // The token of the start ran out (tests with short-lived tokens): log in again, once.
+        match (&self.auth, answer.0) {
+            (Some((user, password)), 403) => {
+                let fresh = self.login(user, password).unwrap_or_default();
+                http(self.http, method, &path, &[("accessToken", fresh.as_str())], "")
+                    .unwrap_or_else(|e| panic!("rnacos {method} {path}: {e}"))
+            }
+            _ => answer,
+        }
     }
 
     /// An Open API request that must answer 200 `ok`.

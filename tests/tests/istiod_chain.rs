@@ -1,9 +1,9 @@
 //! The whole chain with Istio's real, unmodified istiod (`pilot-discovery`): real Consul,
-//! ZooKeeper (a Dubbo provider), Eureka and Kubernetes API server, a ServiceEntry file, each read
-//! by its adapter with default flags, and istiod reading all five adapters through `configSources:
-//! xds://...`. istiod stores every ServiceEntry (its memory store validates each one), shows
-//! their services in the External registry with their endpoints, follows changes in Consul and
-//! Kubernetes, and logs no rejection of our config.
+//! ZooKeeper (a Dubbo provider), Eureka, Nacos (rnacos) and Kubernetes API server, a ServiceEntry
+//! file, each read by its adapter with default flags, and istiod reading all six adapters through
+//! `configSources: xds://...`. istiod stores every ServiceEntry (its memory store validates each
+//! one), shows their services in the External registry with their endpoints, follows changes in
+//! Consul, Nacos and Kubernetes, and logs no rejection of our config.
 
 use std::time::{Duration, Instant};
 
@@ -13,10 +13,13 @@ use e2e::consul::{Consul, Registration};
 use e2e::eureka::{Eureka, Instance};
 use e2e::istiod::{configz_entries, configz_service_entries, Istiod};
 use e2e::kube::{ready, service, slice, KubeApiServer};
+use e2e::nacos::Nacos;
 use e2e::zookeeper::{provider_path, Writer, ZooKeeper};
 use e2e::{endpoint_addresses, find, item_names, ns_name, wait_for, Adapter};
 
 const GREETER: &str = "com.example.greeter";
+const INVENTORY: &str = "inventory.default-group.public";
+const STOCK: &str = "com.example.stock.dubbo.public";
 
 const FILE_SE: &str = "apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -91,7 +94,7 @@ fn entries(items: &[Value]) -> Vec<(String, String, String)> {
 }
 
 #[test]
-#[ignore = "needs pilot-discovery, kube-apiserver, consul, zookeeper and eureka: tests/go-peers/build.sh target; tests/consul/build.sh target/consul; scripts/install-zookeeper.sh; tests/eureka/build.sh target/eureka"]
+#[ignore = "needs pilot-discovery, kube-apiserver, consul, zookeeper, eureka and rnacos: tests/go-peers/build.sh target; tests/consul/build.sh target/consul; scripts/install-zookeeper.sh; tests/eureka/build.sh target/eureka; tests/nacos/build.sh target/nacos"]
 fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     let started = Instant::now();
 
@@ -125,6 +128,17 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         eureka.register(&Instance::new("orders", id, ip, 8080));
     }
 
+    // Nacos: an HTTP service with two instances, and a Dubbo (TCP) one, which gets a VIP.
+    let nacos = Nacos::start();
+    for ip in ["10.6.0.1", "10.6.0.2"] {
+        nacos.register(&e2e::nacos::Instance::new("inventory", ip, 8080).with_metadata("version", "v1"));
+    }
+    nacos.register(
+        &e2e::nacos::Instance::new("com.example.Stock", "10.6.1.1", 20880)
+            .group("DUBBO")
+            .with_metadata("protocol", "dubbo"),
+    );
+
     // A ServiceEntry file.
     let files = tempfile::tempdir().expect("tempdir");
     std::fs::write(files.path().join("billing.yaml"), FILE_SE).expect("write SE file");
@@ -140,7 +154,9 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     let a_kube = Adapter::start("adapter-kube", &["--kubeconfig", kubeconfig.as_str()]);
     let eureka_url = eureka.url();
     let a_eureka = Adapter::start("adapter-eureka", &["--eureka-url", eureka_url.as_str()]);
-    for a in [&a_consul, &a_zk, &a_file, &a_kube, &a_eureka] {
+    let nacos_addr = nacos.server_addr();
+    let a_nacos = Adapter::start("adapter-nacos", &["--nacos-addr", nacos_addr.as_str()]);
+    for a in [&a_consul, &a_zk, &a_file, &a_kube, &a_eureka, &a_nacos] {
         a.wait_ready();
     }
     let consul_items = served("consul payments x2", &a_consul, |i| {
@@ -151,6 +167,23 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     let eureka_items = served("eureka orders x2", &a_eureka, |i| {
         find(i, "orders").is_some_and(|o| endpoint_addresses(o).len() == 2)
     });
+    let nacos_items = served("nacos inventory x2 and the Dubbo service", &a_nacos, |i| {
+        find(i, INVENTORY).is_some_and(|o| endpoint_addresses(o).len() == 2)
+            && find(i, STOCK).is_some()
+    });
+    let stock = find(&nacos_items, STOCK).expect("stock");
+    assert_eq!(stock["spec"]["ports"][0]["protocol"], "TCP");
+    assert!(
+        stock["spec"]["addresses"][0]
+            .as_str()
+            .is_some_and(|a| a.starts_with("242.6.")),
+        "a TCP service gets a VIP from adapter-nacos' range: {stock}"
+    );
+    let inventory = find(&nacos_items, INVENTORY).expect("inventory");
+    let inventory_host = inventory["spec"]["hosts"][0]
+        .as_str()
+        .expect("host")
+        .to_string();
     let kube_items = served("kube shop/web x2", &a_kube, |i| {
         i.iter()
             .any(|w| w["metadata"]["namespace"] == "shop" && endpoint_addresses(w).len() == 2)
@@ -170,12 +203,13 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         .expect("shop/web served by adapter-kube");
     let web_host = web["spec"]["hosts"][0].as_str().expect("host").to_string();
     eprintln!(
-        "adapters serve: consul {:?}, zookeeper {:?}, file {:?}, kube {:?}, eureka {:?} ({:?} since start)",
+        "adapters serve: consul {:?}, zookeeper {:?}, file {:?}, kube {:?}, eureka {:?}, nacos {:?} ({:?} since start)",
         item_names(&consul_items),
         item_names(&zk_items),
         item_names(&file_items),
         item_names(&kube_items),
         item_names(&eureka_items),
+        item_names(&nacos_items),
         started.elapsed()
     );
 
@@ -188,12 +222,13 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
             a_file.grpc,
             a_kube.grpc,
             a_eureka.grpc,
+            a_nacos.grpc,
         ],
         &kube.kubeconfig(),
     );
     eprintln!("istiod ready in {:?}", t.elapsed());
     let log = istiod.log();
-    for a in [&a_consul, &a_zk, &a_file, &a_kube, &a_eureka] {
+    for a in [&a_consul, &a_zk, &a_file, &a_kube, &a_eureka, &a_nacos] {
         let line = format!("Started XDS configSource xds://{}", a.grpc);
         assert!(
             log.contains(&line),
@@ -210,6 +245,7 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         &file_items,
         &kube_items,
         &eureka_items,
+        &nacos_items,
     ]
     .into_iter()
     .flat_map(|items| entries(items))
@@ -227,6 +263,7 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         &file_items,
         &kube_items,
         &eureka_items,
+        &nacos_items,
     ] {
         for (item, (n, ns, host)) in items.iter().zip(entries(items)) {
             let e = configz_entry(&configz, &n).expect("in configz");
@@ -271,15 +308,22 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         (external_endpoints(&s, &web_host, "shop") == ["10.1.0.1", "10.1.0.2"]).then_some(())
     });
 
-    // 3. Changes reach istiod: an instance deregistered in Consul, a pod replaced in
-    // Kubernetes (only the External shard counts: istiod's own Kubernetes registry reads the
+    wait_for(Duration::from_secs(30), "nacos endpoints in istiod", || {
+        let s = istiod.debug("endpointShardz");
+        (external_endpoints(&s, &inventory_host, "nacos") == ["10.6.0.1", "10.6.0.2"]).then_some(())
+    });
+
+    // 3. Changes reach istiod: an instance deregistered in Consul and in Nacos, a pod replaced
+    // in Kubernetes (only the External shard counts: istiod's own Kubernetes registry reads the
     // same slice).
     let t = Instant::now();
     consul.deregister("n1", "payments-2");
+    nacos.deregister(&e2e::nacos::Instance::new("inventory", "10.6.0.2", 8080));
     kube.apply_slice(&web_pods(&["10.1.0.2", "10.1.0.3"]));
     wait_for(Duration::from_secs(30), "changes in istiod", || {
         let s = istiod.debug("endpointShardz");
         (external_endpoints(&s, &payments_host, &payments_ns) == ["10.0.0.1"]
+            && external_endpoints(&s, &inventory_host, "nacos") == ["10.6.0.1"]
             && external_endpoints(&s, &web_host, "shop") == ["10.1.0.2", "10.1.0.3"])
         .then_some(())
     });
@@ -294,7 +338,7 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
         .filter(|l| l.contains("\tadsc\tReceived") && l.contains("ServiceEntry"))
         .count();
     assert!(
-        received >= 5,
+        received >= 6,
         "istiod logged {received} ServiceEntry responses:\n{}",
         istiod.log_tail(60)
     );
