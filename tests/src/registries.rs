@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use crate::consul::{Consul, Registration};
 use crate::eureka::{Eureka, Instance as EurekaInstance};
 use crate::kube::{not_ready, ready, service as kube_service, slice, KubeApiServer};
+use crate::nacos::{Instance as NacosInstance, Nacos};
 use crate::zookeeper::{provider_path, Writer, ZooKeeper};
 use crate::Adapter;
 
@@ -64,6 +65,8 @@ pub struct Served {
     namespace: &'static str,
     /// What follows `<service>.` in their hosts.
     host_suffix: &'static str,
+    /// What follows `<service>` in their names (nacos: `.{group}.{namespace}`).
+    name_suffix: &'static str,
 }
 
 impl Served {
@@ -80,7 +83,14 @@ impl Served {
             kind,
             namespace,
             host_suffix,
+            name_suffix: "",
         }
+    }
+
+    /// The same, with ServiceEntries named `<service><suffix>`.
+    pub fn named(mut self, suffix: &'static str) -> Served {
+        self.name_suffix = suffix;
+        self
     }
 }
 
@@ -95,7 +105,7 @@ pub trait Registry: Send {
     /// Removes instance `id` of `service` from the registry.
     fn deregister(&mut self, service: &str, id: &str);
 
-    /// `file`, `consul`, `zookeeper`, `eureka`, `kubernetes`.
+    /// `file`, `consul`, `zookeeper`, `eureka`, `kubernetes`, `nacos`.
     fn kind(&self) -> &'static str {
         self.served().kind
     }
@@ -114,6 +124,10 @@ pub trait Registry: Send {
     /// The host that the ServiceEntry of `service` has (what clients put in `Host:`).
     fn host(&self, service: &str) -> String {
         format!("{service}.{}", self.served().host_suffix)
+    }
+    /// The name of the ServiceEntry of `service`.
+    fn name(&self, service: &str) -> String {
+        format!("{service}{}", self.served().name_suffix)
     }
 }
 
@@ -526,6 +540,66 @@ impl Registry for KubeRegistry {
     }
 }
 
+/// adapter-nacos (default flags) on rnacos: each instance a persistent instance registered
+/// through the Open API (group `DEFAULT_GROUP`, namespace public), its version as metadata.
+/// rnacos cannot stage an unhealthy instance the way a Nacos health check does (it ignores
+/// `healthy=false`), so an unhealthy instance here has weight 0, which Nacos' own clients never
+/// pick and adapter-nacos leaves out as it does an unhealthy one.
+pub struct NacosRegistry {
+    /// The server.
+    pub nacos: Nacos,
+    served: Served,
+    /// What was registered, by service and id (Nacos deregisters by address).
+    registered: BTreeMap<(String, String), NacosInstance>,
+}
+
+impl NacosRegistry {
+    /// Starts a server and the adapter.
+    pub fn start() -> NacosRegistry {
+        Self::start_with_args(&[])
+    }
+
+    /// [`NacosRegistry::start`] with more adapter flags.
+    pub fn start_with_args(extra: &[&str]) -> NacosRegistry {
+        let nacos = Nacos::start();
+        let addr = nacos.server_addr();
+        let adapter = Adapter::start("adapter-nacos", &with(&["--nacos-addr", addr.as_str()], extra));
+        let served = Served::new(adapter, "nacos", "nacos", "default-group.public.nacos")
+            .named(".default-group.public");
+        NacosRegistry {
+            nacos,
+            served,
+            registered: BTreeMap::new(),
+        }
+    }
+}
+
+impl Registry for NacosRegistry {
+    fn served(&self) -> &Served {
+        &self.served
+    }
+    fn served_mut(&mut self) -> &mut Served {
+        &mut self.served
+    }
+    fn register(&mut self, service: &str, inst: &Instance) {
+        let mut i = NacosInstance::new(service, &inst.ip(), inst.addr.port())
+            .weight(if inst.healthy { 1.0 } else { 0.0 });
+        if let Some(v) = &inst.version {
+            i = i.with_metadata("version", v);
+        }
+        self.nacos.register(&i);
+        self.registered
+            .insert((service.to_string(), inst.id.clone()), i);
+    }
+    fn deregister(&mut self, service: &str, id: &str) {
+        let i = self
+            .registered
+            .remove(&(service.to_string(), id.to_string()))
+            .unwrap_or_else(|| panic!("nacos: {service}/{id} was never registered"));
+        self.nacos.deregister(&i);
+    }
+}
+
 /// One of each registry, each with its adapter, HTTP services on `port`.
 pub struct Registries {
     /// adapter-file.
@@ -538,6 +612,8 @@ pub struct Registries {
     pub eureka: EurekaRegistry,
     /// adapter-kube on another cluster.
     pub kube: KubeRegistry,
+    /// adapter-nacos.
+    pub nacos: NacosRegistry,
 }
 
 impl Registries {
@@ -560,30 +636,40 @@ impl Registries {
             let zk = s.spawn(|| ZkRegistry::start_with_args(extra));
             let eureka = s.spawn(|| EurekaRegistry::start_with_args(extra));
             let kube = s.spawn(|| KubeRegistry::start_with_args(port, extra));
+            let nacos = s.spawn(|| NacosRegistry::start_with_args(extra));
             let regs = Registries {
                 file: file.join().expect("file registry"),
                 consul: consul.join().expect("consul registry"),
                 zk: zk.join().expect("zookeeper registry"),
                 eureka: eureka.join().expect("eureka registry"),
                 kube: kube.join().expect("kubernetes registry"),
+                nacos: nacos.join().expect("nacos registry"),
             };
             (regs, also.join().expect("started beside the registries"))
         })
     }
 
-    /// Every registry, in a fixed order (file, Consul, ZooKeeper, Eureka, Kubernetes).
-    pub fn all(&self) -> [&dyn Registry; 5] {
-        [&self.file, &self.consul, &self.zk, &self.eureka, &self.kube]
+    /// Every registry, in a fixed order (file, Consul, ZooKeeper, Eureka, Kubernetes, Nacos).
+    pub fn all(&self) -> [&dyn Registry; 6] {
+        [
+            &self.file,
+            &self.consul,
+            &self.zk,
+            &self.eureka,
+            &self.kube,
+            &self.nacos,
+        ]
     }
 
     /// [`Registries::all`], to change them.
-    pub fn all_mut(&mut self) -> [&mut dyn Registry; 5] {
+    pub fn all_mut(&mut self) -> [&mut dyn Registry; 6] {
         [
             &mut self.file,
             &mut self.consul,
             &mut self.zk,
             &mut self.eureka,
             &mut self.kube,
+            &mut self.nacos,
         ]
     }
 

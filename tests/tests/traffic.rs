@@ -1,7 +1,7 @@
 //! Traffic through the mesh: requests from a real, stock Envoy sidecar, configured by Istio's
 //! unmodified istiod in production's shape (`k8s://` first with Istio's CRDs in the API server,
 //! then every adapter over `xds://`), reach the services that live in a file, Consul, ZooKeeper
-//! (Spring Cloud instances and Dubbo providers), Eureka and another Kubernetes cluster, follow
+//! (Spring Cloud instances and Dubbo providers), Eureka, Nacos and another Kubernetes cluster, follow
 //! the routing rules applied to them through the cluster, and follow each registry while
 //! instances come and go under load, with not one request failing.
 //!
@@ -418,7 +418,7 @@ impl World {
             served(
                 r.adapter(),
                 &format!("{}: shop x2, cart x2", r.kind()),
-                |i| endpoints_of(i, "shop") == 2 && endpoints_of(i, "cart") == 2,
+                |i| endpoints_of(i, &r.name("shop")) == 2 && endpoints_of(i, &r.name("cart")) == 2,
             );
         }
         served(
@@ -435,7 +435,7 @@ impl World {
 
         apply(
             &kube,
-            &sidecar_scope(&["inventory", "consul", "zookeeper", "eureka", "store"]),
+            &sidecar_scope(&["inventory", "consul", "zookeeper", "eureka", "store", "nacos"]),
         );
         let t = Instant::now();
         let mesh = Mesh::start(&kube, &regs.sources());
@@ -770,7 +770,7 @@ impl World {
 }
 
 #[test]
-#[ignore = "needs envoy, pilot-discovery, kube-apiserver, consul, zookeeper and eureka: scripts/test.sh installs and builds them"]
+#[ignore = "needs envoy, pilot-discovery, kube-apiserver, consul, zookeeper, eureka and rnacos: scripts/test.sh installs and builds them"]
 fn envoy_reaches_every_registry_follows_routing_rules_and_instances_under_load() {
     if !isolate("envoy_reaches_every_registry_follows_routing_rules_and_instances_under_load") {
         return;
