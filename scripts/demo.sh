@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The whole chain on this machine's loopback, for a newcomer to look at and poke:
 #
-#   Consul, ZooKeeper, Eureka, and a second Kubernetes API server ("another cluster")
-#     -> adapter-consul, adapter-zookeeper, adapter-eureka, adapter-kube   (MCP over xDS)
+#   Consul, ZooKeeper, Eureka, Nacos (rnacos, a Nacos server in Rust), and a second Kubernetes
+#   API server ("another cluster")
+#     -> adapter-consul, adapter-zookeeper, adapter-eureka, adapter-nacos, adapter-kube
+#        (MCP over xDS)
 #     -> istiod (Istio's own pilot-discovery: k8s:// first, then every adapter), on a mesh
 #        cluster's API server with Istio's CRDs
 #     -> a stock Envoy sidecar, configured by istiod
-#     -> small HTTP backends registered in Consul, ZooKeeper (Spring Cloud / Curator instances)
-#        and Eureka, each answering with its own name.
+#     -> small HTTP backends registered in Consul, ZooKeeper (Spring Cloud / Curator instances),
+#        Eureka and Nacos (persistent instances, through its Open API), each answering with its
+#        own name.
 #
 # It prints what each adapter serves (mcpctl), what istiod holds (/debug/registryz, configz),
 # a curl through Envoy to a service of each registry, and commands to try next.
@@ -22,9 +25,9 @@
 #                   listed in DEMO_DIR/ports). It refuses to start if one is taken.
 #   DEMO_BIN_DIR    the workspace binaries (default ${CARGO_TARGET_DIR:-target}/debug, where
 #                   `cargo build` and `cargo test` put them); built when missing
-#   PILOT_DISCOVERY, KUBE_BIN_DIR, CONSUL_BIN_DIR, EUREKA_JAR, ENVOY_BIN_DIR
+#   PILOT_DISCOVERY, KUBE_BIN_DIR, CONSUL_BIN_DIR, EUREKA_JAR, ENVOY_BIN_DIR, NACOS_BIN
 #                   the peers, as for the tests (defaults under target/, where scripts/test.sh
-#                   builds them)
+#                   builds them; NACOS_BIN is rnacos, default target/nacos/rnacos)
 #
 # Without root and without iptables: Envoy runs with INTERCEPTION_MODE NONE, so istiod gives it
 # one listener per service port on 127.0.0.1; every demo service shares one HTTP port
@@ -56,9 +59,10 @@ crds="$(dirname "$pilot")/crd-all.gen.yaml"
 kube_bin="$(abspath "${KUBE_BIN_DIR:-$repo/target/kube}")/kube-apiserver-test"
 consul_bin="$(abspath "${CONSUL_BIN_DIR:-$repo/target/consul}")/consul"
 eureka_jar="$(abspath "${EUREKA_JAR:-$repo/target/eureka/eureka-test.jar}")"
+nacos_bin="$(abspath "${NACOS_BIN:-$repo/target/nacos/rnacos}")"
 envoy_bin="$(abspath "${ENVOY_BIN_DIR:-$repo/target/envoy/envoy/_bin}")/envoy"
 zk_jars=(/usr/share/java/zookeeper.jar /usr/share/java/slf4j-log4j12.jar /usr/share/java/log4j-1.2.jar)
-workspace_bins=(adapter-consul adapter-zookeeper adapter-eureka adapter-kube mcpctl examples/zk-writer)
+workspace_bins=(adapter-consul adapter-zookeeper adapter-eureka adapter-nacos adapter-kube mcpctl examples/zk-writer)
 
 # Ports: fixed offsets from the base.
 KUBE_PORT=$((base + 0))          # the mesh cluster's API server (HTTPS): istiod reads it
@@ -69,14 +73,20 @@ CONSUL_SERF_WAN=$((base + 4))
 CONSUL_SERVER=$((base + 5))
 ZK_PORT=$((base + 6))            # ZooKeeper's client port
 EUREKA_PORT=$((base + 7))        # Eureka (http://127.0.0.1:PORT/eureka)
+NACOS_PORT=$((base + 8))         # Nacos' HTTP port (Open API: http://127.0.0.1:PORT/nacos/v1/...)
+# Nacos' gRPC port, where 2.x clients and adapter-nacos watch: Nacos puts it at HTTP + 1000,
+# outside this demo's range, so here it is the next port (adapter-nacos --grpc-port-offset 1).
+NACOS_GRPC=$((base + 9))
 CONSUL_MCP=$((base + 10))        # each adapter's MCP (gRPC) port ...
 ZK_MCP=$((base + 11))
 EUREKA_MCP=$((base + 12))
 KUBE_MCP=$((base + 13))
+NACOS_MCP=$((base + 14))
 CONSUL_ADMIN=$((base + 20))      # ... and its admin port (/readyz, /registryz, /metrics)
 ZK_ADMIN=$((base + 21))
 EUREKA_ADMIN=$((base + 22))
 KUBE_ADMIN=$((base + 23))
+NACOS_ADMIN=$((base + 24))
 ISTIOD_HTTP=$((base + 30))       # istiod: /ready, /debug/*, /metrics
 ISTIOD_GRPC=$((base + 31))       # istiod: plaintext xDS (Envoy connects here)
 ISTIOD_SECURE=$((base + 32))
@@ -84,8 +94,9 @@ ISTIOD_HTTPS=$((base + 33))
 ENVOY_ADMIN=$((base + 40))       # Envoy's admin port
 SERVICE_PORT=$((base + 80))      # every demo service's port: Envoy listens on 127.0.0.1:PORT
 port_names=(KUBE_PORT REMOTE_KUBE_PORT CONSUL_PORT CONSUL_SERF_LAN CONSUL_SERF_WAN CONSUL_SERVER
-  ZK_PORT EUREKA_PORT CONSUL_MCP ZK_MCP EUREKA_MCP KUBE_MCP CONSUL_ADMIN ZK_ADMIN EUREKA_ADMIN
-  KUBE_ADMIN ISTIOD_HTTP ISTIOD_GRPC ISTIOD_SECURE ISTIOD_HTTPS ENVOY_ADMIN SERVICE_PORT)
+  ZK_PORT EUREKA_PORT NACOS_PORT NACOS_GRPC CONSUL_MCP ZK_MCP EUREKA_MCP KUBE_MCP NACOS_MCP
+  CONSUL_ADMIN ZK_ADMIN EUREKA_ADMIN KUBE_ADMIN NACOS_ADMIN ISTIOD_HTTP ISTIOD_GRPC ISTIOD_SECURE
+  ISTIOD_HTTPS ENVOY_ADMIN SERVICE_PORT)
 
 # The services: registry service instance address version. Each instance is a backend
 # answering "<registry>-<service>-<instance>" on <address>:SERVICE_PORT.
@@ -99,7 +110,14 @@ instances=(
   "eureka payments a 127.0.0.31 v1"
   "eureka payments b 127.0.0.32 v2"
   "eureka ratings a 127.0.0.33 v1"
+  "nacos stock a 127.0.0.41 v1"
+  "nacos stock b 127.0.0.42 v2"
+  "nacos reviews a 127.0.0.43 v1"
 )
+# Nacos' group and namespace of the demo's services: adapter-nacos names each
+# <service>.<group>.<namespace> (DNS-mapped), its host that plus --host-suffix `nacos`.
+NACOS_GROUP=DEFAULT_GROUP
+nacos_name() { echo "$1.default-group.public"; }
 # Pod IPs of the other cluster's `store/catalog` (no traffic: they exist nowhere here).
 remote_pod_ips=(10.244.1.5 10.244.2.7)
 KUBE_TOKEN="demo-admin-token"
@@ -236,15 +254,19 @@ wait_gone() {
   return 1
 }
 
-# stop_all: SIGTERM to every process of the pid files, SIGKILL to those still there after 15 s.
+# The signal that stops NAME: SIGTERM, but SIGINT for rnacos, which stops on SIGINT (Ctrl-C)
+# and was seen still running 1 s after a SIGTERM (so `down` would wait 15 s, then SIGKILL it).
+stop_signal() { case "$1" in nacos) echo INT ;; *) echo TERM ;; esac; }
+
+# stop_all: each process of the pid files its stop signal, SIGKILL to those still there after 15 s.
 stop_all() {
   local name pid
   while read -r name pid; do
-    kill -TERM "$pid" 2>/dev/null || true
+    kill -"$(stop_signal "$name")" "$pid" 2>/dev/null || true
   done < <(alive_list)
   wait_gone 150 && return 0
   while read -r name pid; do
-    say "    $name (pid $pid) did not stop on SIGTERM within 15 s: SIGKILL"
+    say "    $name (pid $pid) did not stop on SIG$(stop_signal "$name") within 15 s: SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
   done < <(alive_list)
   wait_gone 50 && return 0
@@ -336,6 +358,13 @@ build_missing() {
     build_step eureka "building the Eureka server (tests/eureka, Maven Central)" "about 1.5 min" \
       tests/eureka/build.sh target/eureka
   fi
+  if [ ! -x "$nacos_bin" ]; then
+    [ -x tests/nacos/build.sh ] || fail "$nacos_bin missing and no tests/nacos/build.sh to build it: set NACOS_BIN to an rnacos binary"
+    need cargo "install Rust with rustup (rnacos, a Nacos server in Rust, is installed from crates.io)"
+    need mvn "install Maven (tests/nacos/build.sh also builds the tests' Nacos Java client)"
+    build_step nacos "building rnacos, a Nacos server in Rust (tests/nacos: crates.io, cached in ~/.cache)" \
+      "about 6 min on 2 cores" tests/nacos/build.sh target/nacos
+  fi
   local j zk_missing=""
   for j in "${zk_jars[@]}"; do [ -f "$j" ] || zk_missing=1; done
   if [ -n "$zk_missing" ]; then
@@ -348,7 +377,7 @@ build_missing() {
       "about a minute" scripts/install-envoy.sh target/envoy
   fi
   local p
-  for p in "$pilot" "$crds" "$kube_bin" "$consul_bin" "$eureka_jar" "$envoy_bin" "${zk_jars[@]}"; do
+  for p in "$pilot" "$crds" "$kube_bin" "$consul_bin" "$eureka_jar" "$envoy_bin" "$nacos_bin" "${zk_jars[@]}"; do
     [ -e "$p" ] || fail "$p is still missing after the build"
   done
   for b in "${workspace_bins[@]}"; do
@@ -356,7 +385,7 @@ build_missing() {
   done
   step "using the adapters and mcpctl in $(show "$bin_dir") (rebuild: cargo build --workspace --bins --examples)"
   say "    and the peers: $(show "$pilot"), $(show "$kube_bin"), $(show "$consul_bin"),"
-  say "    $(show "$eureka_jar"), $(show "$envoy_bin"), ZooKeeper from /usr/share/java"
+  say "    $(show "$eureka_jar"), $(show "$envoy_bin"), $(show "$nacos_bin"), ZooKeeper from /usr/share/java"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -417,6 +446,10 @@ zk_ready() {
   local answer
   answer="$(timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$ZK_PORT; printf ruok >&3; cat <&3" 2>/dev/null)" &&
     [ "$answer" = imok ]
+}
+
+nacos_ready() {
+  curl -sf --max-time 2 -o /dev/null "http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/service/list?pageNo=1&pageSize=1"
 }
 
 eureka_ready() {
@@ -485,6 +518,50 @@ eureka_register() {
     --data-binary @- "http://127.0.0.1:$EUREKA_PORT/eureka/apps/$app" >/dev/null
 }
 
+# rnacos, one process: configured by environment only (an empty --env-file, else it reads a
+# `.env` of its working directory or above, and none of the caller's RNACOS_* settings), its
+# data under the state dir, its web console off.
+nacos_log_from=0
+start_nacos() {
+  mkdir -p "$state/nacos"
+  : >"$state/nacos/empty.env"
+  local clear=() v
+  for v in $(compgen -e); do
+    case "$v" in RNACOS_*) clear+=(-u "$v") ;; esac
+  done
+  # The log line this start's output begins at (the log is appended to).
+  nacos_log_from=1
+  if [ -f "$logs/nacos.log" ]; then nacos_log_from=$(($(wc -l <"$logs/nacos.log") + 1)); fi
+  start_proc nacos env "${clear[@]}" RNACOS_SDK_HOST=127.0.0.1 "RNACOS_HTTP_PORT=$NACOS_PORT" \
+    "RNACOS_GRPC_PORT=$NACOS_GRPC" RNACOS_HTTP_CONSOLE_PORT=0 "RNACOS_DATA_DIR=$state/nacos/data" \
+    "$nacos_bin" --env-file "$state/nacos/empty.env"
+}
+
+# Waits for rnacos to answer. rnacos 0.8.8 has a start-up race (seen in about 1 start of 6): its
+# Raft apply actor panics before the HTTP port is bound, the server answers anyway, and every
+# write through Raft (a persistent instance) then fails with "Mailbox has closed". So a start
+# whose log shows a panic by the time it answers is stopped and made again, on fresh data.
+nacos_up() {
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    wait_for nacos 60 "Nacos (rnacos) to answer its service list" nacos_ready
+    tail -n "+$nacos_log_from" "$logs/nacos.log" | grep -q 'panicked at' || return 0
+    say "    rnacos panicked while starting (attempt $attempt, its known start-up race): starting it again"
+    kill -KILL "$(pid_of nacos)" 2>/dev/null || true
+    while running nacos; do sleep 0.1; done
+    rm -rf "$state/nacos/data"
+    start_nacos
+  done
+  fail_with_log nacos "rnacos panicked at each of 5 starts"
+}
+
+# A persistent instance (ephemeral=false: it needs no heartbeats, and stays until deregistered)
+# through Nacos' Open API, with its version in the metadata, as Spring Cloud Alibaba registers.
+nacos_register() { # service id address version
+  curl -sf --max-time 10 -X POST -o /dev/null \
+    "http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/instance?serviceName=$1&groupName=$NACOS_GROUP&ip=$3&port=$SERVICE_PORT&weight=1&ephemeral=false&metadata=%7B%22version%22%3A%22$4%22%7D"
+}
+
 # ---------------------------------------------------------------------------------------------
 
 up() {
@@ -521,7 +598,7 @@ $taken"
   trap 'exit 130' INT TERM
 
   {
-    echo "# scripts/demo.sh's ports (DEMO_PORT_BASE=$base); backends on SERVICE_PORT of 127.0.0.11-33"
+    echo "# scripts/demo.sh's ports (DEMO_PORT_BASE=$base); backends on SERVICE_PORT of 127.0.0.11-43"
     for p in "${port_names[@]}"; do
       echo "$p=${!p}"
     done
@@ -575,12 +652,14 @@ EOF
   start_proc eureka java -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -jar "$eureka_jar" \
     "--server.port=$EUREKA_PORT"
 
+  start_nacos
+
   local r s id a v
   for i in "${instances[@]}"; do
     read -r r s id a v <<<"$i"
     start_proc "backend-$r-$s-$id" python3 "$here/backend.py" "$r-$s-$id" "$a" "$SERVICE_PORT"
   done
-  say "    started: mesh-kube (:$KUBE_PORT), remote-kube (:$REMOTE_KUBE_PORT), consul (:$CONSUL_PORT), zookeeper (:$ZK_PORT), eureka (:$EUREKA_PORT), ${#instances[@]} backends (127.0.0.11-33:$SERVICE_PORT)"
+  say "    started: mesh-kube (:$KUBE_PORT), remote-kube (:$REMOTE_KUBE_PORT), consul (:$CONSUL_PORT), zookeeper (:$ZK_PORT), eureka (:$EUREKA_PORT), nacos (:$NACOS_PORT, gRPC :$NACOS_GRPC), ${#instances[@]} backends (127.0.0.11-43:$SERVICE_PORT)"
 
   step "the mesh cluster: Istio's CRDs, namespace istio-system, a Sidecar scoping egress to the adapters' namespaces"
   wait_for mesh-kube 120 "the mesh cluster's API server (/readyz)" kube_ready mesh
@@ -605,11 +684,11 @@ EOF
     wait_for mesh-kube 60 "the API server to serve ${gv/ / }" kube_serves $gv
   done
   # Without capture, Envoy binds 127.0.0.1:<port> for every service port it knows: the Sidecar
-  # keeps it to the three registries' namespaces (not the mesh cluster's own `kubernetes`
+  # keeps it to the four registries' namespaces (not the mesh cluster's own `kubernetes`
   # Service, and not adapter-kube's `store`, whose pod IPs exist nowhere here).
   kcreate mesh /apis/networking.istio.io/v1/namespaces/default/sidecars \
     '{"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "default", "namespace": "default"},
-      "spec": {"egress": [{"hosts": ["consul/*", "zookeeper/*", "eureka/*"]}]}}'
+      "spec": {"egress": [{"hosts": ["consul/*", "zookeeper/*", "eureka/*", "nacos/*"]}]}}'
 
   step "another cluster for adapter-kube: namespace store, Service catalog and its EndpointSlice"
   wait_for remote-kube 120 "the other cluster's API server (/readyz)" kube_ready remote
@@ -666,10 +745,24 @@ EOF
   start_proc adapter-eureka env RUST_LOG=info "$bin_dir/adapter-eureka" --eureka-url "http://127.0.0.1:$EUREKA_PORT/eureka" \
     --refresh-interval 1s --listen "127.0.0.1:$EUREKA_MCP" --admin-listen "127.0.0.1:$EUREKA_ADMIN"
 
+  step "Nacos: registering stock (2 instances) and reviews through its Open API (persistent instances)"
+  nacos_up
+  for i in "${instances[@]}"; do
+    read -r r s id a v <<<"$i"
+    [ "$r" = nacos ] || continue
+    nacos_register "$s" "$id" "$a" "$v" || fail_with_log nacos "registering $s-$id in Nacos failed"
+  done
+  # The service list is read every second here (new services); instances are pushed over gRPC.
+  start_proc adapter-nacos env RUST_LOG=info "$bin_dir/adapter-nacos" --nacos-addr "127.0.0.1:$NACOS_PORT" \
+    --grpc-port-offset $((NACOS_GRPC - NACOS_PORT)) --service-list-interval 1s \
+    --listen "127.0.0.1:$NACOS_MCP" --admin-listen "127.0.0.1:$NACOS_ADMIN"
+
   step "the adapters: ready, and serving what their registries hold (istiod exits if a source is down at its start)"
   wait_for adapter-consul 60 "adapter-consul to serve shop (2 endpoints) and cart" served "$CONSUL_MCP" shop=2 cart=1
   wait_for adapter-zookeeper 60 "adapter-zookeeper to serve orders (2 endpoints) and users" served "$ZK_MCP" orders=2 users=1
   wait_for adapter-eureka 60 "adapter-eureka to serve payments (2 endpoints) and ratings" served "$EUREKA_MCP" payments=2 ratings=1
+  wait_for adapter-nacos 60 "adapter-nacos to serve stock (2 endpoints) and reviews" served "$NACOS_MCP" \
+    "$(nacos_name stock)=2" "$(nacos_name reviews)=1"
   wait_for adapter-kube 60 "adapter-kube to serve catalog (2 endpoints)" served "$KUBE_MCP" catalog=2
 
   step "istiod: k8s:// first, then every adapter over xds://, settings for a stock Envoy"
@@ -687,6 +780,7 @@ configSources:
 - address: "xds://127.0.0.1:$ZK_MCP"
 - address: "xds://127.0.0.1:$EUREKA_MCP"
 - address: "xds://127.0.0.1:$KUBE_MCP"
+- address: "xds://127.0.0.1:$NACOS_MCP"
 EOF
   start_proc istiod env POD_NAMESPACE=istio-system POD_NAME=istiod-demo REVISION=default \
     PILOT_ENABLE_ALPN_FILTER=false PILOT_ENABLE_METADATA_EXCHANGE=false \
@@ -729,6 +823,7 @@ EOF
   wait_for envoy 60 "Envoy to route shop.service.consul" routed shop.service.consul consul-shop-
   wait_for envoy 60 "Envoy to route orders.zookeeper" routed orders.zookeeper zookeeper-orders-
   wait_for envoy 60 "Envoy to route payments.eureka" routed payments.eureka eureka-payments-
+  wait_for envoy 60 "Envoy to route $(nacos_name stock).nacos" routed "$(nacos_name stock).nacos" nacos-stock-
   local took=$((SECONDS - t_start))
   echo "$took" >"$state/up-seconds"
 
@@ -743,11 +838,12 @@ show_world() {
   mcpctl="$(show "$bin_dir/mcpctl")"
   step "1. What each adapter serves (mcpctl, an MCP sink like istiod)"
   local name port
-  for name in consul zookeeper eureka kube; do
+  for name in consul zookeeper eureka nacos kube; do
     case "$name" in
       consul) port=$CONSUL_MCP ;;
       zookeeper) port=$ZK_MCP ;;
       eureka) port=$EUREKA_MCP ;;
+      nacos) port=$NACOS_MCP ;;
       kube) port=$KUBE_MCP ;;
     esac
     say ""
@@ -756,11 +852,11 @@ show_world() {
   done
 
   step "2. What istiod holds (http://127.0.0.1:$ISTIOD_HTTP/debug/registryz, endpointShardz, configz)"
-  python3 "$here/util.py" istiod "127.0.0.1:$ISTIOD_HTTP" consul zookeeper eureka store
+  python3 "$here/util.py" istiod "127.0.0.1:$ISTIOD_HTTP" consul zookeeper eureka nacos store
 
   step "3. Requests through Envoy (127.0.0.1:$SERVICE_PORT, routed by Host), each answered by a backend"
   local host
-  for host in shop.service.consul orders.zookeeper payments.eureka; do
+  for host in shop.service.consul orders.zookeeper payments.eureka "$(nacos_name stock).nacos"; do
     say ""
     say "\$ curl -s -H 'Host: $host' http://127.0.0.1:$SERVICE_PORT/"
     curl -s --max-time 10 -H "Host: $host" "http://127.0.0.1:$SERVICE_PORT/"
@@ -791,6 +887,12 @@ show_world() {
   # Take Eureka instance payments-b OUT_OF_SERVICE (adapter-eureka polls deltas every 1 s), and UP again:
   curl -s -X PUT 'http://127.0.0.1:$EUREKA_PORT/eureka/apps/PAYMENTS/payments-b/status?value=OUT_OF_SERVICE'
   curl -s -X DELETE 'http://127.0.0.1:$EUREKA_PORT/eureka/apps/PAYMENTS/payments-b/status?value=UP'
+
+  # Deregister Nacos instance stock-b (Nacos pushes the change to adapter-nacos over gRPC), then
+  # register it again:
+  curl -s -X DELETE 'http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/instance?serviceName=stock&groupName=$NACOS_GROUP&ip=127.0.0.42&port=$SERVICE_PORT&ephemeral=false'
+  for i in 1 2 3 4; do curl -s -H 'Host: $(nacos_name stock).nacos' http://127.0.0.1:$SERVICE_PORT/; done
+  curl -s -X POST 'http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/instance?serviceName=stock&groupName=$NACOS_GROUP&ip=127.0.0.42&port=$SERVICE_PORT&weight=1&ephemeral=false&metadata=%7B%22version%22%3A%22v2%22%7D'
 
   # Watch an adapter's ServiceEntries change as you do this (Ctrl-C to stop):
   $mcpctl get serviceentries --server xds://127.0.0.1:$CONSUL_MCP --watch

@@ -74,9 +74,9 @@ def istiod(addr: str, namespaces: list[str]) -> int:
                 eps.append(addrs[0])
         rows.append((ns, host, attrs.get("ServiceRegistry", ""), ports, sorted(eps)))
     rows.sort()
-    print(f"  {'NAMESPACE':<10} {'HOST':<34} {'REGISTRY':<9} {'PORTS':<12} ENDPOINTS")
+    print(f"  {'NAMESPACE':<10} {'HOST':<36} {'REGISTRY':<9} {'PORTS':<12} ENDPOINTS")
     for ns, host, reg, ports, eps in rows:
-        print(f"  {ns:<10} {host:<34} {reg:<9} {ports:<12} {' '.join(eps) or '-'}")
+        print(f"  {ns:<10} {host:<36} {reg:<9} {ports:<12} {' '.join(eps) or '-'}")
     kinds: dict[str, list[str]] = {}
     for c in configz:
         meta = c.get("metadata") or {}

@@ -36,7 +36,7 @@ build() {
 
 # Not pruned afterwards: the build cache (the builder stage's layers) is what makes a rebuild on
 # the same machine take seconds.
-for adapter in file consul zookeeper eureka kube; do
+for adapter in file consul zookeeper eureka kube nacos; do
   build docker/Dockerfile "ghcr.io/example/mcp-adapter-$adapter:0.1.0" --target "adapter-$adapter"
 done
 build docker/Dockerfile.eureka ghcr.io/example/mcp-demo-eureka-server:0.1.0

@@ -1,8 +1,8 @@
 //! `scripts/demo.sh`, end to end, as a newcomer runs it: it starts every peer (Consul,
-//! ZooKeeper, Eureka, two Kubernetes API servers, the adapters, istiod and a stock Envoy) and
-//! backends on loopback, prints what the adapters serve, what istiod holds and a curl through
-//! Envoy to a service of Consul, ZooKeeper and Eureka; `scripts/demo.sh down` then stops every
-//! process it started and frees every port.
+//! ZooKeeper, Eureka, Nacos (rnacos), two Kubernetes API servers, the adapters, istiod and a
+//! stock Envoy) and backends on loopback, prints what the adapters serve, what istiod holds and a
+//! curl through Envoy to a service of Consul, ZooKeeper, Eureka and Nacos; `scripts/demo.sh down`
+//! then stops every process it started and frees every port.
 //!
 //! The demo's state dir and ports come from the environment (`DEMO_DIR`, `DEMO_PORT_BASE`), so
 //! this test runs beside the others on free ports; the binaries and peers are the ones every
@@ -19,8 +19,8 @@ use e2e::load::request;
 /// How many ports the demo takes from its `DEMO_PORT_BASE` (BASE..=BASE+80).
 const PORT_SPAN: u16 = 81;
 
-/// The three curls the demo prints: host, and the backends that may answer.
-const CURLS: [(&str, [&str; 2]); 3] = [
+/// The four curls the demo prints: host, and the backends that may answer.
+const CURLS: [(&str, [&str; 2]); 4] = [
     ("shop.service.consul", ["consul-shop-a", "consul-shop-b"]),
     (
         "orders.zookeeper",
@@ -29,6 +29,12 @@ const CURLS: [(&str, [&str; 2]); 3] = [
     (
         "payments.eureka",
         ["eureka-payments-a", "eureka-payments-b"],
+    ),
+    // Nacos' `stock` in group DEFAULT_GROUP of namespace public, with adapter-nacos' default
+    // host suffix.
+    (
+        "stock.default-group.public.nacos",
+        ["nacos-stock-a", "nacos-stock-b"],
     ),
 ];
 
@@ -129,7 +135,7 @@ fn listen_addrs(ports_file: &Path) -> BTreeMap<String, SocketAddr> {
 }
 
 #[test]
-#[ignore = "needs envoy, pilot-discovery, kube-apiserver, consul, zookeeper and eureka: scripts/test.sh installs and builds them"]
+#[ignore = "needs envoy, pilot-discovery, kube-apiserver, consul, zookeeper, eureka and rnacos (NACOS_BIN): scripts/test.sh installs and builds them"]
 fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
     // The peers and binaries every other test uses; their helpers fail here, with the command
     // that builds them, rather than the script building them for minutes inside a test.
@@ -138,6 +144,7 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
         "adapter-consul",
         "adapter-zookeeper",
         "adapter-eureka",
+        "adapter-nacos",
         "adapter-kube",
         "mcpctl",
     ] {
@@ -172,6 +179,16 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
             e2e::eureka::eureka_jar().display().to_string(),
         ),
         ("ENVOY_BIN_DIR", dir_of(e2e::envoy::envoy_bin())),
+        (
+            "NACOS_BIN",
+            e2e::peer_file(
+                "NACOS_BIN",
+                "nacos/rnacos",
+                "tests/nacos/build.sh target/nacos",
+            )
+            .display()
+            .to_string(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -197,6 +214,11 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
         ("zookeeper", base + 11, &["orders", "users"]),
         ("eureka", base + 12, &["payments", "ratings"]),
         ("kube", base + 13, &["catalog"]),
+        (
+            "nacos",
+            base + 14,
+            &["stock.default-group.public", "reviews.default-group.public"],
+        ),
     ] {
         let command =
             format!("serviceentries --server xds://127.0.0.1:{port}      # adapter-{adapter}");
@@ -226,6 +248,8 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
         "payments.eureka",
         "ratings.eureka",
         "catalog.store.svc.cluster.local",
+        "stock.default-group.public.nacos",
+        "reviews.default-group.public.nacos",
     ] {
         assert!(
             stdout.lines().any(|l| {
@@ -236,11 +260,11 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
         );
     }
     assert!(
-        stdout.contains("7 ServiceEntry: consul/cart consul/shop eureka/payments eureka/ratings store/catalog zookeeper/orders zookeeper/users"),
+        stdout.contains("9 ServiceEntry: consul/cart consul/shop eureka/payments eureka/ratings nacos/reviews.default-group.public nacos/stock.default-group.public store/catalog zookeeper/orders zookeeper/users"),
         "istiod's configz summary:\n{stdout}"
     );
 
-    // 3. The three curls, each answered by a backend of its registry; and the same hosts
+    // 3. The four curls, each answered by a backend of its registry; and the same hosts
     // through Envoy from here: every instance of each service takes requests.
     let proxy = SocketAddr::from(([127, 0, 0, 1], base + 80));
     for (host, backends) in CURLS {
@@ -268,19 +292,29 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
         stdout.contains("scripts/demo.sh down") && stdout.contains("Try next"),
         "no commands to try:\n{stdout}"
     );
+    // The Nacos one deregisters an instance on this demo's Nacos port (BASE+8).
+    let deregister = format!(
+        "curl -s -X DELETE 'http://127.0.0.1:{}/nacos/v1/ns/instance?serviceName=stock&groupName=DEFAULT_GROUP&ip=127.0.0.42&port={}&ephemeral=false'",
+        base + 8,
+        base + 80
+    );
+    assert!(
+        stdout.lines().any(|l| l.trim() == deregister),
+        "no `{deregister}` to try:\n{stdout}"
+    );
 
-    // What it started: 21 processes, all running, and the ports it listed, all taken.
+    // What it started: 26 processes, all running, and the ports it listed, all taken.
     let pids = pid_files(&state.join("pids"));
     let names: Vec<&str> = pids.iter().map(|(n, _, _)| n.as_str()).collect();
-    assert_eq!(pids.len(), 21, "pid files: {names:?}");
+    assert_eq!(pids.len(), 26, "pid files: {names:?}");
     for (name, pid, start) in &pids {
         assert!(alive(*pid, start), "{name} (pid {pid}) is not running");
     }
     let addrs = listen_addrs(&state.join("ports"));
     assert_eq!(
         addrs.len(),
-        22 + 9,
-        "ports file: {addrs:?} (22 ports and 9 backends)"
+        26 + 12,
+        "ports file: {addrs:?} (26 ports and 12 backends)"
     );
     for (name, addr) in &addrs {
         assert!(

@@ -18,7 +18,7 @@ use e2e::istiod::apply_istio_crds;
 use e2e::kube::{collection_of, KubeApiServer, Response, ADMIN_TOKEN};
 
 const NS: &str = "mcp-adapters";
-const ADAPTERS: [&str; 5] = ["file", "consul", "zookeeper", "eureka", "kube"];
+const ADAPTERS: [&str; 6] = ["file", "consul", "zookeeper", "eureka", "nacos", "kube"];
 const MCP_PORT: u64 = 15051;
 /// `--output-lease-namespace` in deploy/kubernetes/README.md ("Kubernetes output").
 const LEASE_NS: &str = NS;
@@ -38,6 +38,7 @@ fn output_namespace(a: &str) -> &'static str {
         "consul" => "consul",
         "zookeeper" => "zookeeper",
         "eureka" => "eureka",
+        "nacos" => "nacos",
         other => panic!("no output namespace for adapter {other}"),
     }
 }
@@ -444,6 +445,52 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
             "{name}: env {}",
             c["env"]
         );
+        // Registry credentials never as literal values in the Deployment (readable by anyone
+        // who can read Deployments, and in every `kubectl get -o yaml`): a password or token
+        // comes from a Secret, by secretKeyRef or as a mounted file (`*_FILE`).
+        for e in c["env"].as_array().into_iter().flatten() {
+            let n = e["name"].as_str().unwrap_or_default();
+            if n.contains("PASSWORD") || n.ends_with("_TOKEN") || n.ends_with("_DIGEST") {
+                assert!(
+                    e.get("value").is_none() && e["valueFrom"]["secretKeyRef"].is_object(),
+                    "{name}: {n} must come from a Secret: {e}"
+                );
+            }
+            // A credential file (CONSUL_HTTP_TOKEN_FILE, ZK_DIGEST_FILE, NACOS_AUTH_FILE) is a key
+            // of a Secret stored here, mounted read-only where the variable points.
+            if n.ends_with("_FILE") && n != "MCP_STATE_FILE" {
+                let file = Path::new(e["value"].as_str().unwrap_or_default());
+                let mount = c["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|m| m["mountPath"].as_str().map(Path::new) == file.parent())
+                    .unwrap_or_else(|| panic!("{name}: {n}={file:?} is on no volume mount"));
+                assert_eq!(mount["readOnly"], true, "{name}: {mount}");
+                let volume = pod["volumes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|v| v["name"] == mount["name"])
+                    .unwrap_or_else(|| panic!("{name}: no volume {}", mount["name"]));
+                let secret_name = volume["secret"]["secretName"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{name}: {n} is not on a Secret volume: {volume}"));
+                let key = file
+                    .file_name()
+                    .and_then(|f| f.to_str())
+                    .unwrap_or_default();
+                let secret = get(
+                    &kube,
+                    &format!("/api/v1/namespaces/{NS}/secrets"),
+                    secret_name,
+                );
+                assert!(
+                    secret["data"][key].is_string(),
+                    "{name}: {n} reads key {key} of Secret {secret_name}, which has none"
+                );
+            }
+        }
         // `--shards`: one gRPC port per shard from 15051 up, named, and the admin port not
         // among them (the adapter refuses to start otherwise).
         let shards = shards_of(a);
@@ -579,6 +626,7 @@ fn deploy_manifests_are_accepted_by_the_api_server_and_stored_as_meant() {
         "adapter-consul",
         "adapter-zookeeper",
         "adapter-eureka",
+        "adapter-nacos",
         "adapter-kube-remote-kubeconfig",
     ] {
         get(&kube, &secrets, s);
@@ -1116,6 +1164,7 @@ fn state_volumes_hold_two_state_files_of_100k_services() {
             "adapter-consul.yaml",
             "adapter-eureka.yaml",
             "adapter-kube.yaml",
+            "adapter-nacos.yaml",
             "adapter-zookeeper.yaml"
         ],
         "every adapter with a state file"

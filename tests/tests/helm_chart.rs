@@ -32,7 +32,8 @@ use e2e::peer_file;
 
 const NS: &str = "mcp-adapters";
 const RELEASE: &str = "mcp-adapters";
-const ADAPTERS: [&str; 5] = ["file", "consul", "zookeeper", "eureka", "kube"];
+/// In the chart's order (`mcp-adapters.names`: NOTES.txt and istiod-meshconfig.yaml list them so).
+const ADAPTERS: [&str; 6] = ["file", "consul", "zookeeper", "eureka", "nacos", "kube"];
 /// Labels the chart adds to every object's metadata that deploy/kubernetes does not have.
 const HELM_LABELS: [&str; 4] = [
     "app.kubernetes.io/instance",
@@ -212,7 +213,7 @@ struct Expect {
     state_volume: Option<&'static str>,
 }
 
-const EXPECT: [Expect; 5] = [
+const EXPECT: [Expect; 6] = [
     Expect {
         file: "file-values.yaml",
         adapter: "file",
@@ -275,6 +276,22 @@ const EXPECT: [Expect; 5] = [
             ("eureka-basic-auth", "pass"),
             ("adapter-eureka-tls", "tls.crt"),
         ],
+        state_volume: Some("emptyDir"),
+    },
+    Expect {
+        file: "nacos-values.yaml",
+        adapter: "nacos",
+        shards: 2,
+        mcp_port: 15051,
+        admin_port: 15050,
+        replicas: 2,
+        mode: "both",
+        output_namespaces: &["nacos"],
+        lease_namespace: None,
+        lease: "mcp-adapter-nacos",
+        tls: false,
+        // The auth file, mounted from the Secret (NACOS_AUTH_FILE).
+        secrets: &[("nacos-login", "user-pass")],
         state_volume: Some("emptyDir"),
     },
     Expect {
@@ -652,6 +669,37 @@ fn helm_template_renders_what_each_values_file_asks_for() {
         let objects = helm.template("adapters", &[&ci(e.file)], &[]);
         check_adapter(&objects, "adapters", e);
     }
+    // adapter-nacos' registry settings: the address, the Nacos namespaces to watch, and the auth
+    // file where its Secret is mounted (never the credentials themselves in the pod spec).
+    let nacos = helm.template("adapters", &[&ci("nacos-values.yaml")], &[]);
+    let env: BTreeMap<String, Value> = must(&nacos, "Deployment", "adapter-nacos")["spec"]
+        ["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or_default().to_string(),
+                e.clone(),
+            )
+        })
+        .collect();
+    for (name, value) in [
+        ("NACOS_ADDR", "https://nacos.example.internal:8848"),
+        ("MCP_NACOS_NAMESPACES", "public,dev"),
+        ("NACOS_AUTH_FILE", "/etc/mcp-adapter/nacos/user-pass"),
+    ] {
+        assert_eq!(
+            env.get(name).map(|e| &e["value"]),
+            Some(&json!(value)),
+            "nacos-values.yaml: {name} in {env:?}"
+        );
+    }
+    assert!(
+        !env.keys()
+            .any(|k| k == "NACOS_USERNAME" || k == "NACOS_PASSWORD"),
+        "nacos-values.yaml: {env:?}"
+    );
     // The same checks hold for every adapter of the manifests' values, with and without the
     // Kubernetes output.
     let manifests = helm.template(NS, &[&ci("manifests-values.yaml")], &[]);
@@ -669,6 +717,7 @@ fn helm_template_renders_what_each_values_file_asks_for() {
             "consul" => (&["consul"], "mcp-adapter-consul"),
             "zookeeper" => (&["zookeeper"], "mcp-adapter-zookeeper"),
             "eureka" => (&["eureka"], "mcp-adapter-eureka"),
+            "nacos" => (&["nacos"], "mcp-adapter-nacos"),
             // adapter-kube's registry name is `kubernetes`: its default --source-name, hence
             // its Lease.
             _ => (&["team-a"], "mcp-adapter-kubernetes"),
@@ -1251,7 +1300,7 @@ fn rendered_chart_on_the_api_server_and_notes_list_every_shard() {
         notes_mesh_config(&installed).expect("meshConfig")["meshConfig"]["configSources"]
             .as_array()
             .map(Vec::len),
-        Some(1 + 5 * 4),
+        Some(1 + 6 * 4),
         "{installed}"
     );
     // Two shards instead of four: the Services, the args and NOTES.txt follow.
@@ -1292,7 +1341,7 @@ fn rendered_chart_on_the_api_server_and_notes_list_every_shard() {
         notes_mesh_config(&upgraded).expect("meshConfig")["meshConfig"]["configSources"].clone();
     assert_eq!(
         sources.as_array().map(Vec::len),
-        Some(1 + 5 * 2),
+        Some(1 + 6 * 2),
         "{upgraded}"
     );
     assert_eq!(

@@ -2,7 +2,7 @@
 The adapters, in the order NOTES.txt lists them (and deploy/kubernetes/istiod-meshconfig.yaml).
 */}}
 {{- define "mcp-adapters.names" -}}
-file consul zookeeper eureka kube
+file consul zookeeper eureka nacos kube
 {{- end -}}
 
 {{/*
