@@ -469,8 +469,14 @@ impl Nacos {
         match (&self.auth, answer.0) {
             (Some((user, password)), 403) => {
                 let fresh = self.login(user, password).unwrap_or_default();
-                http(self.http, method, &path, &[("accessToken", fresh.as_str())], "")
-                    .unwrap_or_else(|e| panic!("rnacos {method} {path}: {e}"))
+                http(
+                    self.http,
+                    method,
+                    &path,
+                    &[("accessToken", fresh.as_str())],
+                    "",
+                )
+                .unwrap_or_else(|e| panic!("rnacos {method} {path}: {e}"))
             }
             _ => answer,
         }

@@ -563,7 +563,10 @@ impl NacosRegistry {
     pub fn start_with_args(extra: &[&str]) -> NacosRegistry {
         let nacos = Nacos::start();
         let addr = nacos.server_addr();
-        let adapter = Adapter::start("adapter-nacos", &with(&["--nacos-addr", addr.as_str()], extra));
+        let adapter = Adapter::start(
+            "adapter-nacos",
+            &with(&["--nacos-addr", addr.as_str()], extra),
+        );
         let served = Served::new(adapter, "nacos", "nacos", "default-group.public.nacos")
             .named(".default-group.public");
         NacosRegistry {

@@ -43,7 +43,7 @@ fn refused(bin: &str, args: &[&str], env: &[(&str, &str)]) -> String {
 
 #[test]
 fn a_bare_number_is_refused_by_every_binary_naming_the_flag() {
-    let cases: [(&str, &[&str], &str); 7] = [
+    let cases: [(&str, &[&str], &str); 8] = [
         (
             "adapter-file",
             &["--path", ".", "--poll-interval", "60"],
@@ -69,6 +69,11 @@ fn a_bare_number_is_refused_by_every_binary_naming_the_flag() {
             "adapter-kube",
             &["--watch-timeout", "60"],
             "--watch-timeout",
+        ),
+        (
+            "adapter-nacos",
+            &["--service-list-interval", "60"],
+            "--service-list-interval",
         ),
         (
             "mcpctl",

@@ -131,7 +131,9 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     // Nacos: an HTTP service with two instances, and a Dubbo (TCP) one, which gets a VIP.
     let nacos = Nacos::start();
     for ip in ["10.6.0.1", "10.6.0.2"] {
-        nacos.register(&e2e::nacos::Instance::new("inventory", ip, 8080).with_metadata("version", "v1"));
+        nacos.register(
+            &e2e::nacos::Instance::new("inventory", ip, 8080).with_metadata("version", "v1"),
+        );
     }
     nacos.register(
         &e2e::nacos::Instance::new("com.example.Stock", "10.6.1.1", 20880)

@@ -226,7 +226,14 @@ fn file_output_writes_changes_only_leaves_a_users_object_alone_and_one_replica_w
 #[ignore = "needs kube-apiserver, Consul, ZooKeeper and the Eureka server"]
 fn every_adapter_writes_what_it_serves_and_restarts_write_nothing() {
     let kube = mesh_api_server();
-    for ns in ["inventory", "consul", "zookeeper", "eureka", "store", "nacos"] {
+    for ns in [
+        "inventory",
+        "consul",
+        "zookeeper",
+        "eureka",
+        "store",
+        "nacos",
+    ] {
         kube.namespace(ns);
     }
     let kubeconfig = kube.kubeconfig().display().to_string();

@@ -106,6 +106,7 @@ fn no_binary_carries_test_support() {
         "adapter-zookeeper",
         "adapter-eureka",
         "adapter-kube",
+        "adapter-nacos",
         "mcpctl",
     ] {
         let features = tree(bin, "features,no-dev");
@@ -118,5 +119,55 @@ fn no_binary_carries_test_support() {
             .filter(|l| l.contains("feature \"testing\""))
             .collect();
         assert!(testing.is_empty(), "{bin} builds with {testing:?}");
+    }
+}
+
+/// The packages `package` names in its manifest (normal dependencies).
+fn direct(package: &str) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "tree",
+            "--offline",
+            "--locked",
+            "-p",
+            package,
+            "-e",
+            "normal",
+        ])
+        .args(["--prefix", "none", "--depth", "1"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run cargo tree");
+    assert!(out.status.success(), "cargo tree -p {package}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|p| *p != package)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Adapters never build protobufs (the core encodes every resource): none names the MCP server,
+/// the message crate or Envoy's types among its dependencies (the runtime brings the server).
+/// adapter-nacos links tonic for Nacos' own gRPC protocol, with its three messages declared in
+/// its `wire.rs`, never Istio's.
+#[test]
+fn adapters_build_no_protobufs() {
+    for bin in [
+        "adapter-file",
+        "adapter-consul",
+        "adapter-zookeeper",
+        "adapter-eureka",
+        "adapter-kube",
+        "adapter-nacos",
+    ] {
+        let deps = direct(bin);
+        assert!(deps.contains("mcp-runtime"), "{bin}: {deps:?}");
+        let found: Vec<&str> = ["proto", "envoy-types", "mcp-server"]
+            .into_iter()
+            .filter(|f| deps.contains(*f))
+            .collect();
+        assert!(found.is_empty(), "{bin} depends on {found:?} itself");
     }
 }

@@ -45,7 +45,10 @@ fn endpoints(items: &[Value], name: &str) -> Vec<(String, u64, String)> {
             (
                 e["address"].as_str().unwrap_or_default().to_string(),
                 e["weight"].as_u64().unwrap_or(0),
-                e["labels"]["version"].as_str().unwrap_or_default().to_string(),
+                e["labels"]["version"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
             )
         })
         .collect();
@@ -74,7 +77,10 @@ fn http_registrations_weights_metadata_and_removals_reach_the_sink() {
     });
     let se = find(&items, ORDERS).expect("orders");
     assert_eq!(se["metadata"]["namespace"], "nacos");
-    assert_eq!(se["spec"]["hosts"], serde_json::json!([format!("{ORDERS}.nacos")]));
+    assert_eq!(
+        se["spec"]["hosts"],
+        serde_json::json!([format!("{ORDERS}.nacos")])
+    );
     assert_eq!(
         se["spec"]["ports"],
         serde_json::json!([{"name": "http", "number": 8080, "protocol": "HTTP"}])
@@ -83,7 +89,10 @@ fn http_registrations_weights_metadata_and_removals_reach_the_sink() {
         endpoints(&items, ORDERS),
         [ep("10.0.0.1", 100, "v1"), ep("10.0.0.2", 200, "v1")]
     );
-    assert_eq!(se["spec"]["endpoints"][0]["labels"]["nacos-cluster"], "DEFAULT");
+    assert_eq!(
+        se["spec"]["endpoints"][0]["labels"]["nacos-cluster"],
+        "DEFAULT"
+    );
 
     // Weight and metadata follow an update (pushed, no catalog read needed).
     nacos.update(&o1.clone().weight(3.0).with_metadata("version", "v2"));
@@ -97,7 +106,9 @@ fn http_registrations_weights_metadata_and_removals_reach_the_sink() {
         endpoints(i, ORDERS) == [ep("10.0.0.1", 300, "v2")]
     });
     nacos.update(&o2.clone().enabled(true));
-    until("orders-2 back once enabled", &xds, |i| endpoints(i, ORDERS).len() == 2);
+    until("orders-2 back once enabled", &xds, |i| {
+        endpoints(i, ORDERS).len() == 2
+    });
 
     // A new service in another group and namespace-less port protocol from metadata.
     let cart = Instance::new("cart", "10.0.1.1", 20880)
@@ -117,7 +128,9 @@ fn http_registrations_weights_metadata_and_removals_reach_the_sink() {
     // Deregistered: the endpoint goes at once; the last one leaves the entry with none
     // (default --on-empty keep).
     nacos.deregister(&o1);
-    until("orders-1 gone", &xds, |i| endpoints(i, ORDERS) == [ep("10.0.0.2", 200, "v1")]);
+    until("orders-1 gone", &xds, |i| {
+        endpoints(i, ORDERS) == [ep("10.0.0.2", 200, "v1")]
+    });
     nacos.deregister(&o2);
     until("orders kept with no endpoints", &xds, |i| {
         find(i, ORDERS).is_some() && endpoints(i, ORDERS).is_empty()
@@ -140,10 +153,20 @@ fn java_client_registrations_over_grpc_reach_the_sink_and_leave_with_the_client(
         "10.0.2.1",
         8080,
         1.0,
-        &[("version", "v1"), ("preserved.register.source", "SPRING_CLOUD")],
+        &[
+            ("version", "v1"),
+            ("preserved.register.source", "SPRING_CLOUD"),
+        ],
     );
     let mut second = Registrar::start(&nacos, Some("dev"));
-    second.register("payments", "SHOP", "10.0.2.2", 8080, 0.5, &[("version", "v2")]);
+    second.register(
+        "payments",
+        "SHOP",
+        "10.0.2.2",
+        8080,
+        0.5,
+        &[("version", "v2")],
+    );
     let name = "payments.shop.dev";
     let items = until("payments served with both instances", &xds, |i| {
         endpoints(i, name).len() == 2
@@ -159,16 +182,21 @@ fn java_client_registrations_over_grpc_reach_the_sink_and_leave_with_the_client(
 
     // Deregistered by the client: gone from the sink.
     second.deregister("payments", "SHOP", "10.0.2.2", 8080);
-    until("the second instance gone after its deregistration", &xds, |i| {
-        endpoints(i, name) == [ep("10.0.2.1", 100, "v1")]
-    });
+    until(
+        "the second instance gone after its deregistration",
+        &xds,
+        |i| endpoints(i, name) == [ep("10.0.2.1", 100, "v1")],
+    );
     // The first client shuts down: its ephemeral instance leaves with its connection.
     let shut = Instant::now();
     first.shutdown();
     until("the first instance gone with its client", &xds, |i| {
         find(i, name).is_some() && endpoints(i, name).is_empty()
     });
-    eprintln!("instance gone from the sink {:?} after the client's shutdown", shut.elapsed());
+    eprintln!(
+        "instance gone from the sink {:?} after the client's shutdown",
+        shut.elapsed()
+    );
     drop(second);
     a.assert_no_registry_errors("as Java clients came and went");
 }
@@ -185,14 +213,30 @@ fn unchanged_registry_builds_no_snapshot_and_is_not_listed_again() {
     });
     // Nacos pushes each service once more just after its subscription (the subscriber's first
     // push, beside the subscription's answer): those two come first.
-    e2e::wait_for(CHANGE_TIMEOUT, "the pushes that follow the subscriptions", || {
-        (a.metric("mcp_adapter_registry_pushes_total") >= 2.0).then_some(())
-    });
-    let subscribes = a.metric_with("mcp_adapter_registry_requests_total", "endpoint=\"subscribe\"");
-    let connects = a.metric_with("mcp_adapter_registry_requests_total", "endpoint=\"connect\"");
+    e2e::wait_for(
+        CHANGE_TIMEOUT,
+        "the pushes that follow the subscriptions",
+        || (a.metric("mcp_adapter_registry_pushes_total") >= 2.0).then_some(()),
+    );
+    let subscribes = a.metric_with(
+        "mcp_adapter_registry_requests_total",
+        "endpoint=\"subscribe\"",
+    );
+    let connects = a.metric_with(
+        "mcp_adapter_registry_requests_total",
+        "endpoint=\"connect\"",
+    );
     let pushes = a.metric("mcp_adapter_registry_pushes_total");
-    let catalogs = a.metric_with("mcp_adapter_registry_requests_total", "endpoint=\"catalog\"");
-    assert_eq!(subscribes, 2.0, "one subscription per service; log:\n{}", a.log_tail());
+    let catalogs = a.metric_with(
+        "mcp_adapter_registry_requests_total",
+        "endpoint=\"catalog\"",
+    );
+    assert_eq!(
+        subscribes,
+        2.0,
+        "one subscription per service; log:\n{}",
+        a.log_tail()
+    );
     assert_eq!(connects, 1.0, "one connection for the one namespace");
 
     // Three catalog intervals of the default 5 s: nothing is re-subscribed, nothing is pushed,
@@ -200,22 +244,36 @@ fn unchanged_registry_builds_no_snapshot_and_is_not_listed_again() {
     let window = Duration::from_secs(16);
     a.assert_steady_polling(window, Duration::from_millis(500), &["/registryz"]);
     assert_eq!(
-        a.metric_with("mcp_adapter_registry_requests_total", "endpoint=\"subscribe\""),
+        a.metric_with(
+            "mcp_adapter_registry_requests_total",
+            "endpoint=\"subscribe\""
+        ),
         subscribes
     );
     assert_eq!(
-        a.metric_with("mcp_adapter_registry_requests_total", "endpoint=\"connect\""),
+        a.metric_with(
+            "mcp_adapter_registry_requests_total",
+            "endpoint=\"connect\""
+        ),
         connects
     );
     assert_eq!(a.metric("mcp_adapter_registry_pushes_total"), pushes);
     // One catalog read per interval: 3 in 16 s (4 when a read fell due just at the end).
-    let read = a.metric_with("mcp_adapter_registry_requests_total", "endpoint=\"catalog\"") - catalogs;
-    assert!((3.0..=4.0).contains(&read), "{read} catalog reads in {window:?}");
+    let read = a.metric_with(
+        "mcp_adapter_registry_requests_total",
+        "endpoint=\"catalog\"",
+    ) - catalogs;
+    assert!(
+        (3.0..=4.0).contains(&read),
+        "{read} catalog reads in {window:?}"
+    );
 
     // And the next change is the one snapshot since: the window did not hide a late one.
     let snapshots = a.metric("mcp_adapter_snapshots_total");
     nacos.register(&Instance::new("orders", "10.0.0.2", 8080));
-    until("the new instance served", &xds, |i| endpoints(i, ORDERS).len() == 2);
+    until("the new instance served", &xds, |i| {
+        endpoints(i, ORDERS).len() == 2
+    });
     assert_eq!(
         a.metric("mcp_adapter_snapshots_total"),
         snapshots + 1.0,
@@ -271,7 +329,7 @@ fn login_with_a_credentials_file_and_token_renewal() {
     nacos.register(&Instance::new("orders", "10.0.0.1", 8080));
 
     // Without credentials: refused, and /registryz says so.
-    let (_, _) = (|| {
+    {
         let addr = nacos.server_addr();
         let a = Adapter::start("adapter-nacos", &["--nacos-addr", addr.as_str()]);
         let body = a.wait_registryz(CHANGE_TIMEOUT, "registryz 503 without credentials", 503);
@@ -279,15 +337,16 @@ fn login_with_a_credentials_file_and_token_renewal() {
             body.contains("refused") || body.contains("403") || body.contains("401"),
             "{body}"
         );
-        (a, ())
-    })();
+    }
 
     let dir = tempfile::tempdir().expect("tempdir");
     let creds = dir.path().join("nacos-auth");
     std::fs::write(&creds, "nacos:s3cret-Pw\n").expect("write credentials");
     let creds_arg = creds.display().to_string();
     let (a, xds) = adapter(&nacos, &["--nacos-auth-file", creds_arg.as_str()]);
-    until("orders served with a login", &xds, |i| find(i, ORDERS).is_some());
+    until("orders served with a login", &xds, |i| {
+        find(i, ORDERS).is_some()
+    });
 
     // Past two token lifetimes, a new service is still found by the catalog read.
     std::thread::sleep(Duration::from_secs(26));
@@ -350,9 +409,19 @@ fn namespace_group_and_service_filters() {
     let items = until("only dev/SHOP/cart", &xds, |i| i.len() == 1);
     assert!(find(&items, "cart.shop.dev").is_some(), "{items:?}");
     // A new service the filters refuse never appears; one they let through does.
-    nacos.register(&Instance::new("basket-canary", "10.1.0.4", 8080).group("SHOP").namespace("dev"));
-    nacos.register(&Instance::new("basket", "10.1.0.5", 8080).group("SHOP").namespace("dev"));
-    let items = until("basket served", &xds, |i| find(i, "basket.shop.dev").is_some());
+    nacos.register(
+        &Instance::new("basket-canary", "10.1.0.4", 8080)
+            .group("SHOP")
+            .namespace("dev"),
+    );
+    nacos.register(
+        &Instance::new("basket", "10.1.0.5", 8080)
+            .group("SHOP")
+            .namespace("dev"),
+    );
+    let items = until("basket served", &xds, |i| {
+        find(i, "basket.shop.dev").is_some()
+    });
     assert_eq!(items.len(), 2, "{items:?}");
     f.assert_no_registry_errors("with filters");
 }
@@ -366,7 +435,10 @@ fn an_instance_the_server_finds_unhealthy_is_no_endpoint() {
     // answers and pushes (Nacos sends them, marked `healthy: false`): so this shows the outcome
     // end to end, and the adapter's own filter is proved on a Nacos answer by
     // convert::tests::only_healthy_enabled_weighted_instances_are_endpoints.
-    let nacos = Nacos::start_with(&[("RNACOS_NAMING_PERPETUAL_INSTANCE_PROBE_INTERVAL_SECOND", "5")]);
+    let nacos = Nacos::start_with(&[(
+        "RNACOS_NAMING_PERPETUAL_INSTANCE_PROBE_INTERVAL_SECOND",
+        "5",
+    )]);
     let listen = |ip: &str| std::net::TcpListener::bind((ip, 0)).expect("bind");
     let port = |l: &std::net::TcpListener| l.local_addr().expect("addr").port();
     let (up1, up3) = (listen("127.0.0.1"), listen("127.0.0.3"));
@@ -380,9 +452,11 @@ fn an_instance_the_server_finds_unhealthy_is_no_endpoint() {
             .find(|h| h["ip"] == ip)
             .map(|h| h["healthy"] == true)
     };
-    e2e::wait_for(CHANGE_TIMEOUT, "rnacos marks the closed port unhealthy", || {
-        (healthy("127.0.0.2") == Some(false)).then_some(())
-    });
+    e2e::wait_for(
+        CHANGE_TIMEOUT,
+        "rnacos marks the closed port unhealthy",
+        || (healthy("127.0.0.2") == Some(false)).then_some(()),
+    );
 
     // Subscribed now: the answer carries the unhealthy instance, which is no endpoint.
     let (a, xds) = adapter(&nacos, &[]);
@@ -392,9 +466,11 @@ fn an_instance_the_server_finds_unhealthy_is_no_endpoint() {
     // A push (a third instance registered) still leaves it out.
     let third = Instance::new("orders", "127.0.0.3", port(&up3));
     nacos.register(&third);
-    until("the third instance in, the unhealthy one still out", &xds, |i| {
-        addresses_of(i, ORDERS).is_some_and(|v| v == ["127.0.0.1", "127.0.0.3"])
-    });
+    until(
+        "the third instance in, the unhealthy one still out",
+        &xds,
+        |i| addresses_of(i, ORDERS).is_some_and(|v| v == ["127.0.0.1", "127.0.0.3"]),
+    );
     // Its port answers: the next probe makes it healthy, the next push an endpoint.
     let _late = std::net::TcpListener::bind(("127.0.0.2", down_port)).expect("bind the late port");
     e2e::wait_for(CHANGE_TIMEOUT, "rnacos marks it healthy again", || {

@@ -439,7 +439,14 @@ impl World {
 
         apply(
             &kube,
-            &sidecar_scope(&["inventory", "consul", "zookeeper", "eureka", "store", "nacos"]),
+            &sidecar_scope(&[
+                "inventory",
+                "consul",
+                "zookeeper",
+                "eureka",
+                "store",
+                "nacos",
+            ]),
         );
         let t = Instant::now();
         let mesh = Mesh::start(&kube, &regs.sources());
