@@ -482,3 +482,41 @@ fn an_instance_the_server_finds_unhealthy_is_no_endpoint() {
     });
     a.assert_no_registry_errors("as health changed");
 }
+
+#[test]
+#[ignore = "needs rnacos and the Java registrar: tests/nacos/build.sh target/nacos (the README's test command builds them)"]
+fn a_restart_that_loses_ephemeral_instances_is_held_until_their_clients_return() {
+    // A Java client's instance is ephemeral: a restarted server has lost it until the client
+    // has reconnected and registered it again (1-1.5 s here). The adapter's new watch finds no
+    // instance where one was served and holds the last state meanwhile (--startup-grace): the
+    // sink never sees the service without its endpoint, and no snapshot is built at all.
+    let mut nacos = Nacos::start();
+    let (a, xds) = adapter(&nacos, &[]);
+    let mut client = Registrar::start(&nacos, None);
+    client.register("orders", DEFAULT_GROUP, "10.0.3.1", 8080, 1.0, &[("version", "v1")]);
+    until("the client's instance served", &xds, |i| {
+        endpoints(i, ORDERS) == [ep("10.0.3.1", 100, "v1")]
+    });
+    let snapshots = a.metric("mcp_adapter_snapshots_total");
+
+    nacos.restart();
+    e2e::wait_for(CHANGE_TIMEOUT, "the client's instance registered again", || {
+        (nacos.hosts("orders", DEFAULT_GROUP, "").len() == 1).then_some(())
+    });
+    a.wait_registryz(CHANGE_TIMEOUT, "registryz 200 once the adapter reads it again", 200);
+    assert_eq!(
+        a.metric("mcp_adapter_snapshots_total"),
+        snapshots,
+        "no snapshot across the restart (nothing was removed, then added back); log:\n{}",
+        a.log_tail()
+    );
+    assert_eq!(
+        endpoints(&mcpctl_get(&xds), ORDERS),
+        [ep("10.0.3.1", 100, "v1")]
+    );
+    // And the session that followed is live: the client's next change is pushed.
+    client.deregister("orders", DEFAULT_GROUP, "10.0.3.1", 8080);
+    until("the deregistration after the restart", &xds, |i| {
+        find(i, ORDERS).is_some() && endpoints(i, ORDERS).is_empty()
+    });
+}
