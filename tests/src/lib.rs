@@ -27,6 +27,7 @@ pub mod podman;
 pub mod process;
 pub mod registries;
 pub mod stall_proxy;
+pub mod tls_proxy;
 pub mod xds_sinks;
 pub mod zk_ensemble;
 pub mod zookeeper;

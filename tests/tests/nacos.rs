@@ -520,3 +520,61 @@ fn a_restart_that_loses_ephemeral_instances_is_held_until_their_clients_return()
         find(i, ORDERS).is_some() && endpoints(i, ORDERS).is_empty()
     });
 }
+
+#[test]
+#[ignore = "needs rnacos: tests/nacos/build.sh target/nacos (the README's test command builds it)"]
+fn tls_on_both_ports_with_a_client_certificate() {
+    // rnacos speaks no TLS: TLS-terminating proxies stand where Nacos' own TLS would be, on an
+    // HTTP port Q and its gRPC port Q + 1000, each demanding a client certificate.
+    let nacos = Nacos::start();
+    nacos.register(&Instance::new("orders", "10.0.0.1", 8080));
+    let pki = tempfile::tempdir().expect("tempdir");
+    e2e::pki::make_pki(pki.path());
+    let (http, grpc) = loop {
+        let q = e2e::free_addr();
+        let Some(grpc_port) = q.port().checked_add(1000) else {
+            continue;
+        };
+        let g = std::net::SocketAddr::from(([127, 0, 0, 1], grpc_port));
+        if std::net::TcpListener::bind(g).is_ok() {
+            break (q, g);
+        }
+    };
+    let nacos_grpc = std::net::SocketAddr::from(([127, 0, 0, 1], nacos.grpc_port()));
+    let http_proxy =
+        e2e::tls_proxy::TlsProxy::start(http, nacos.http_addr(), pki.path(), true, &["http/1.1"]);
+    let grpc_proxy = e2e::tls_proxy::TlsProxy::start(grpc, nacos_grpc, pki.path(), true, &["h2"]);
+    let file = |n: &str| pki.path().join(n).display().to_string();
+    let (ca, cert, key) = (file("ca.crt"), file("client.crt"), file("client.key"));
+    let url = format!("https://127.0.0.1:{}", http.port());
+
+    let a = Adapter::start(
+        "adapter-nacos",
+        &[
+            "--nacos-addr",
+            url.as_str(),
+            "--nacos-ca",
+            ca.as_str(),
+            "--nacos-client-cert",
+            cert.as_str(),
+            "--nacos-client-key",
+            key.as_str(),
+        ],
+    );
+    a.wait_ready();
+    let xds = a.xds_url();
+    until("orders served over TLS", &xds, |i| endpoints(i, ORDERS).len() == 1);
+    assert!(http_proxy.handshakes() >= 1 && grpc_proxy.handshakes() >= 1);
+    nacos.register(&Instance::new("orders", "10.0.0.2", 8080));
+    until("a push over TLS", &xds, |i| endpoints(i, ORDERS).len() == 2);
+    a.assert_no_registry_errors("over TLS");
+
+    // Without the client certificate the handshake is refused, and /registryz says where.
+    let refused = Adapter::start(
+        "adapter-nacos",
+        &["--nacos-addr", url.as_str(), "--nacos-ca", ca.as_str()],
+    );
+    let body = refused.wait_registryz(CHANGE_TIMEOUT, "registryz 503 without a client certificate", 503);
+    assert!(body.contains(&url), "{body}");
+    assert_eq!(refused.get("/readyz").0, 503, "never synced");
+}
