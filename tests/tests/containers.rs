@@ -20,8 +20,10 @@ use e2e::kube::KubeApiServer;
 use e2e::podman::{image_files, inspect_image, podman_ok, repo, require_image, Container, Network};
 use e2e::{http, item_names, mcpctl_get, netns, wait_for};
 
-const ADAPTERS: [&str; 5] = ["file", "consul", "zookeeper", "eureka", "kube"];
+const ADAPTERS: [&str; 6] = ["file", "consul", "zookeeper", "eureka", "kube", "nacos"];
 const EUREKA_IMAGE: &str = "ghcr.io/example/mcp-demo-eureka-server:0.1.0";
+/// The Nacos server of the compose file (rnacos; its stand-in is tests/containers/rnacos).
+const NACOS_IMAGE: &str = "docker.io/qingpan/rnacos:v0.8.8";
 
 fn image(adapter: &str) -> String {
     format!("ghcr.io/example/mcp-adapter-{adapter}:0.1.0")
@@ -422,6 +424,64 @@ fn adapter_eureka_image_serves_a_eureka_instance() {
     wait_served_alone(&xds, "eureka/web", "10.9.0.3");
 }
 
+/// adapter-nacos' image beside the rnacos image, started as docker/compose.yaml starts it
+/// (through docker/nacos/start.sh, which starts it again after its start-up panic): a persistent
+/// instance registered over Nacos' Open API is served under its `<service>.<group>.<namespace>`
+/// name, the adapter watching over gRPC at the HTTP port + 1000.
+#[test]
+#[ignore = "needs podman and the images: tests/containers/build.sh target && tests/containers/build-images.sh (scripts/test.sh runs both)"]
+fn adapter_nacos_image_serves_a_nacos_instance() {
+    let _serial = serial();
+    if !netns::isolate("adapter_nacos_image_serves_a_nacos_instance") {
+        return;
+    }
+    require_image(NACOS_IMAGE);
+    let net = Network::create();
+    let netarg = format!("--network={}", net.name);
+    let port = e2e::free_addr().port();
+    let publish = format!("127.0.0.1:{port}:8848");
+    let script = format!(
+        "{}:/usr/local/bin/nacos-start.sh:ro",
+        repo().join("docker/nacos/start.sh").display()
+    );
+    let nacos = Container::run(
+        "mcp-nacos",
+        &[
+            &netarg,
+            "-p",
+            &publish,
+            "-v",
+            &script,
+            "-e",
+            "RNACOS_DATA_DIR=/io/nacos_db",
+            "-e",
+            "RNACOS_HTTP_CONSOLE_PORT=0",
+            "--entrypoint",
+            "/bin/bash",
+            NACOS_IMAGE,
+            "/usr/local/bin/nacos-start.sh",
+            "/usr/bin/rnacos",
+        ],
+    );
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_for(Duration::from_secs(90), "rnacos' GET /health", || {
+        matches!(http(addr, "GET", "/health", &[], ""), Ok((200, _))).then_some(())
+    });
+    let register = "/nacos/v1/ns/instance?serviceName=web&groupName=DEFAULT_GROUP&ip=10.9.0.4\
+                    &port=8080&weight=1&ephemeral=false";
+    wait_for(
+        Duration::from_secs(30),
+        "a persistent instance registered",
+        || {
+            matches!(http(addr, "POST", register, &[], ""), Ok((200, ref b)) if b == "ok")
+                .then_some(())
+        },
+    );
+    let env = format!("NACOS_ADDR={}:8848", ip_on(&nacos, &net));
+    let (_c, xds) = start_adapter("nacos", Some(&net), &["-e", &env], &[]);
+    wait_served_alone(&xds, "nacos/web.default-group.public", "10.9.0.4");
+}
+
 /// adapter-kube's image against the tests' kube-apiserver, with a kubeconfig mounted read-only
 /// (host network: the test API server listens on loopback only).
 #[test]
@@ -610,7 +670,8 @@ fn a_varying_word_matches_any_word_and_nothing_else_does() {
 /// docker/compose.yaml for real: every image built as above, `docker compose up -d` (Compose v2
 /// against podman's Docker API), every healthcheck healthy and every seed exited 0; then each
 /// command of docker/README.md's walkthrough prints what the README shows (requests through the
-/// compose's Envoy answered by the backend registered in Consul, in ZooKeeper and in Eureka;
+/// compose's Envoy answered by the backend registered in Consul, in ZooKeeper, in Eureka and in
+/// Nacos;
 /// each adapter's table; istiod's registryz; an instance taken out and traffic moving), and
 /// `docker compose down -v` leaves nothing behind.
 #[test]
@@ -620,10 +681,11 @@ fn compose_demo_comes_up_and_its_walkthrough_prints_what_the_readme_shows() {
     if !netns::isolate("compose_demo_comes_up_and_its_walkthrough_prints_what_the_readme_shows") {
         return;
     }
-    for adapter in ["consul", "zookeeper", "file", "eureka"] {
+    for adapter in ["consul", "zookeeper", "file", "eureka", "nacos"] {
         require_image(&image(adapter));
     }
     require_image(EUREKA_IMAGE);
+    require_image(NACOS_IMAGE);
     let steps = walkthrough();
     assert!(
         steps.len() >= 10,
@@ -657,11 +719,13 @@ fn compose_demo_comes_up_and_its_walkthrough_prints_what_the_readme_shows() {
         "consul",
         "zookeeper",
         "eureka",
+        "nacos",
         "etcd",
         "adapter-consul",
         "adapter-zookeeper",
         "adapter-file",
         "adapter-eureka",
+        "adapter-nacos",
     ];
     for s in expect_healthy {
         assert!(
@@ -675,6 +739,7 @@ fn compose_demo_comes_up_and_its_walkthrough_prints_what_the_readme_shows() {
         "seed",
         "seed-zookeeper",
         "seed-eureka",
+        "seed-nacos",
         "seed-istio",
         "kube-certs",
     ] {
@@ -692,6 +757,7 @@ fn compose_demo_comes_up_and_its_walkthrough_prints_what_the_readme_shows() {
         "backend-consul",
         "backend-zookeeper",
         "backend-eureka",
+        "backend-nacos",
     ] {
         assert!(
             states.iter().any(|(n, st, _, _)| n == s && st == "running"),
@@ -743,7 +809,12 @@ fn compose_demo_comes_up_and_its_walkthrough_prints_what_the_readme_shows() {
 
     // The access log has the requests (one line per request, in Istio's format).
     let logs = compose.ok(&["logs", "envoy"]);
-    for host in ["hello.service.consul", "hello.zookeeper", "hello.eureka"] {
+    for host in [
+        "hello.service.consul",
+        "hello.zookeeper",
+        "hello.eureka",
+        "hello.default-group.public.nacos",
+    ] {
         assert!(
             logs.lines()
                 .any(|l| l.contains(&format!("\"{host}\"")) && l.contains(" 200 ")),

@@ -152,6 +152,7 @@ fn compose_file_names_each_adapters_image_and_a_dockerfile_stage_for_it() {
         "adapter-zookeeper",
         "adapter-file",
         "adapter-eureka",
+        "adapter-nacos",
     ] {
         assert!(
             adapters.contains(&want.to_string()),
@@ -323,7 +324,7 @@ fn istiod_mesh_config_lists_k8s_then_every_adapter() {
 #[test]
 fn seed_scripts_are_valid_shell() {
     let mut n = 0;
-    for dir in ["docker/seed", "docker/kube"] {
+    for dir in ["docker/seed", "docker/kube", "docker/nacos"] {
         for e in std::fs::read_dir(repo().join(dir)).expect("read dir") {
             let p = e.expect("entry").path();
             if p.extension().is_none_or(|x| x != "sh") {
@@ -342,7 +343,7 @@ fn seed_scripts_are_valid_shell() {
             n += 1;
         }
     }
-    assert!(n >= 2, "found only {n} scripts");
+    assert!(n >= 3, "found only {n} scripts");
 }
 
 #[derive(Debug)]
@@ -622,10 +623,18 @@ fn compose_file_is_valid_per_the_compose_specification() {
 /// Each registry with a backend in the walk-through: the compose service of its adapter, and
 /// that adapter's default namespace and host suffix (what tests/src/registries.rs, which starts
 /// every adapter with default flags, finds them serving).
-const REGISTRIES: [(&str, &str, &str, &str); 3] = [
+const REGISTRIES: [(&str, &str, &str, &str); 4] = [
     ("consul", "adapter-consul", "consul", "service.consul"),
     ("zookeeper", "adapter-zookeeper", "zookeeper", "zookeeper"),
     ("eureka", "adapter-eureka", "eureka", "eureka"),
+    // adapter-nacos names a service `<service>.<group>.<namespace>` (DNS-mapped) under suffix
+    // `nacos`: the seed's group DEFAULT_GROUP in the public namespace.
+    (
+        "nacos",
+        "adapter-nacos",
+        "nacos",
+        "default-group.public.nacos",
+    ),
 ];
 
 /// A compose service; panics when there is none of that name.
@@ -708,10 +717,14 @@ fn the_demo_has_an_envoy_a_client_eureka_and_a_backend_per_registry() {
         "eureka",
         "adapter-eureka",
         "seed-eureka",
+        "nacos",
+        "adapter-nacos",
+        "seed-nacos",
         "seed-istio",
         "backend-consul",
         "backend-zookeeper",
         "backend-eureka",
+        "backend-nacos",
     ] {
         service(&c, name);
     }
@@ -802,6 +815,7 @@ fn fixed_addresses_are_distinct_inside_the_network_and_outside_its_dynamic_range
         "backend-consul",
         "backend-zookeeper",
         "backend-eureka",
+        "backend-nacos",
     ] {
         assert!(
             seen.values().any(|n| n == name),
@@ -1140,6 +1154,178 @@ fn adapter_eureka_is_configured_with_the_eureka_services_url() {
     );
 }
 
+#[test]
+fn adapter_nacos_is_configured_with_the_nacos_http_port_and_nacos_serves_grpc_beside_it() {
+    let c = compose();
+    let a = service(&c, "adapter-nacos");
+    let addr = env_var(a, "NACOS_ADDR")
+        .or_else(|| flag(a, "--nacos-addr="))
+        .expect("adapter-nacos NACOS_ADDR");
+    let (host, port) = addr
+        .trim_start_matches("http://")
+        .split_once(':')
+        .unwrap_or_else(|| panic!("{addr}: host:port"));
+    let port: u16 = port.parse().expect("NACOS_ADDR port");
+    assert_eq!(host, "nacos", "adapter-nacos reads the nacos service");
+    let nacos = service(&c, host);
+    assert_eq!(
+        env_var(nacos, "RNACOS_HTTP_PORT"),
+        Some(port.to_string()),
+        "nacos listens where adapter-nacos reads"
+    );
+    // The adapter watches over gRPC at the HTTP port + 1000 (its --grpc-port-offset default), as
+    // Nacos 2.x clients do; rnacos listens there unless told otherwise.
+    assert_eq!(flag(a, "--grpc-port-offset"), None);
+    let grpc = port + 1000;
+    assert!(
+        env_var(nacos, "RNACOS_GRPC_PORT").is_none_or(|g| g == grpc.to_string()),
+        "nacos' gRPC port is not {grpc}"
+    );
+    for p in [port, grpc] {
+        assert!(container_ports(nacos).contains(&p), "nacos publishes {p}");
+    }
+    assert!(
+        healthcheck(nacos).contains(&format!("/dev/tcp/127.0.0.1/{port}"))
+            && healthcheck(nacos).contains("/health"),
+        "nacos' healthcheck asks GET /health on {port}"
+    );
+    assert_eq!(
+        a["depends_on"]["nacos"]["condition"].as_str(),
+        Some("service_healthy"),
+        "adapter-nacos waits for Nacos"
+    );
+    let seed = service(&c, "seed-nacos");
+    assert_eq!(
+        env_var(seed, "NACOS_URL"),
+        Some(format!("http://{addr}")),
+        "seed-nacos registers where adapter-nacos reads"
+    );
+    assert_eq!(
+        seed["depends_on"]["nacos"]["condition"].as_str(),
+        Some("service_healthy")
+    );
+    // rnacos' start-up race: the wrapper (mounted from docker/nacos/start.sh) starts it again;
+    // a later exit is the restart policy's. Its data in the image's working directory.
+    let entrypoint: Vec<&str> = nacos["entrypoint"]
+        .as_sequence()
+        .expect("nacos entrypoint")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let script = entrypoint.last().expect("entrypoint script").to_string();
+    let mounted = nacos["volumes"]
+        .as_sequence()
+        .expect("nacos volumes")
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|v| {
+            let parts: Vec<&str> = v.split(':').collect();
+            (parts.get(1) == Some(&script.as_str())).then(|| parts[0].to_string())
+        })
+        .unwrap_or_else(|| panic!("nacos: {script} is not mounted"));
+    assert_eq!(mounted, "./nacos/start.sh");
+    assert_eq!(
+        nacos["command"][0].as_str(),
+        Some("/usr/bin/rnacos"),
+        "the image's entrypoint, run by the wrapper"
+    );
+    assert_eq!(nacos["restart"].as_str(), Some("unless-stopped"));
+    assert_eq!(
+        env_var(nacos, "RNACOS_DATA_DIR").as_deref(),
+        Some("/io/nacos_db")
+    );
+}
+
+/// docker/nacos/start.sh with a stand-in rnacos that panics on its first two starts (as rnacos
+/// 0.8.8 does about once in six, before it answers) and then runs: started again twice, each
+/// panicked start stopped with SIGINT and its fresh data directory removed, and the third run's
+/// exit status is the script's. SIGTERM to the script reaches rnacos as SIGINT.
+#[test]
+fn nacos_start_script_starts_rnacos_again_after_its_start_up_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = dir.path().join("rnacos");
+    std::fs::write(
+        &fake,
+        r#"#!/bin/bash
+n=$(($(cat count 2>/dev/null || echo 0) + 1)); echo "$n" > count
+[ -d data ] && echo "start $n: data left over" >> events
+mkdir -p data
+# (the sleep killed on the way out: it would hold the output pipe open)
+sleep 30 & s=$!
+trap 'echo "start $n: SIGINT" >> events; kill $s; exit 130' INT
+if [ "$n" -lt 3 ]; then
+  echo "thread 'actix-rt' panicked at src/raft/store/raftapply.rs:1:1"
+  wait $s
+  exit 1
+fi
+echo "start $n: running" >> events
+if [ "${MODE:-}" = wait ]; then wait $s; fi
+kill $s
+exit 7
+"#,
+    )
+    .expect("write stand-in");
+    let mut perm = std::fs::metadata(&fake).expect("stat").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&fake, perm).expect("chmod");
+    // A port nothing listens on: the stand-in never answers /health.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let script = repo().join("docker/nacos/start.sh");
+    let run = |mode: &str| {
+        let _ = std::fs::remove_file(dir.path().join("count"));
+        let _ = std::fs::remove_file(dir.path().join("events"));
+        let _ = std::fs::remove_dir_all(dir.path().join("data"));
+        let mut cmd = Command::new("bash");
+        cmd.arg(&script)
+            .arg(&fake)
+            .current_dir(dir.path())
+            .env("RNACOS_HTTP_PORT", closed.to_string())
+            .env("RNACOS_DATA_DIR", dir.path().join("data"))
+            .env("MODE", mode)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd.spawn().expect("run docker/nacos/start.sh")
+    };
+
+    let started = std::time::Instant::now();
+    let out = run("exit").wait_with_output().expect("wait");
+    let events = read(&dir.path().join("events"));
+    assert_eq!(
+        events.lines().collect::<Vec<_>>(),
+        ["start 1: SIGINT", "start 2: SIGINT", "start 3: running"],
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(7), "rnacos' own exit status");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("panicked at"),
+        "rnacos' output reaches the container's log"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "SIGINT stopped the panicked starts ({:?})",
+        started.elapsed()
+    );
+
+    // `docker stop`: SIGTERM to the script, SIGINT to a running rnacos.
+    let child = run("wait");
+    let events = dir.path().join("events");
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(&events).is_ok_and(|e| e.contains("start 3: running")) {
+        assert!(std::time::Instant::now() < end, "no third start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let pid = child.id().to_string();
+    run_ok(Command::new("kill").args(["-TERM", &pid]), "kill -TERM");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(130), "rnacos stopped by SIGINT");
+    assert!(read(&events).ends_with("start 3: SIGINT\n"));
+}
+
 /// The text between `open` and `close` in `s`.
 fn between<'a>(s: &'a str, open: &str, close: &str) -> &'a str {
     let start = s.find(open).unwrap_or_else(|| panic!("{open} not found")) + open.len();
@@ -1346,7 +1532,7 @@ struct Call {
 
 /// Stands in for `curl` and `zkCli.sh`: records each call (arguments NUL-separated, stdin when
 /// curl is told to read `@-`) and answers what the seeds wait for (a Consul leader, a kube
-/// status code, ZooKeeper's root and a znode's stat).
+/// status code, Nacos' `ok` to a registration, ZooKeeper's root and a znode's stat).
 const STAND_IN: &str = r#"#!/bin/sh
 tool=$(basename "$0")
 d=$(mktemp -d "$STAND_IN_DIR/calls/$tool.XXXXXX")
@@ -1359,7 +1545,11 @@ if [ "$tool" = zkCli.sh ]; then
   exit 0
 fi
 for a in "$@"; do
-  case "$a" in */v1/status/leader) echo '"127.0.0.1:8300"' ;; -w) printf 201 ;; esac
+  case "$a" in
+    */v1/status/leader) echo '"127.0.0.1:8300"' ;;
+    -w) printf 201 ;;
+    */nacos/v1/ns/instance\?*) printf ok ;;
+  esac
 done
 exit 0
 "#;
@@ -1456,7 +1646,8 @@ fn json_port(v: &Json) -> u64 {
 }
 
 /// The registrations among `calls`: Consul catalog registers, Eureka `POST /apps/{APP}`,
-/// Curator znodes under `/services`.
+/// Nacos `POST /nacos/v1/ns/instance?...` (the Open API's parameters in the query), Curator
+/// znodes under `/services`.
 fn registrations(calls: &[Call]) -> Vec<Registered> {
     let mut out = Vec::new();
     for call in calls {
@@ -1495,6 +1686,32 @@ fn registrations(calls: &[Call]) -> Vec<Registered> {
                     body: v.clone(),
                 });
             }
+            "curl"
+                if url.is_some_and(|u| u.contains("/nacos/v1/ns/instance?"))
+                    && call.args.windows(2).any(|w| w == ["-X", "POST"]) =>
+            {
+                let url = url.expect("url");
+                let query = url.split_once('?').map(|(_, q)| q).unwrap_or_default();
+                let params: serde_json::Map<String, Json> = query
+                    .split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), Json::String(percent_decode(v))))
+                    .collect();
+                let get = |k: &str| params.get(k).and_then(Json::as_str).unwrap_or_default();
+                out.push(Registered {
+                    registry: "nacos",
+                    service: get("serviceName").to_string(),
+                    ip: get("ip").to_string(),
+                    port: json_port(&params["port"]),
+                    // rnacos ignores healthy=false, and hides enabled=false instances.
+                    healthy: get("healthy") != "false" && get("enabled") != "false",
+                    // The adapter takes a port's protocol from metadata `protocol`, else HTTP.
+                    http: serde_json::from_str::<Json>(get("metadata")).is_ok_and(|m| {
+                        matches!(m["protocol"].as_str(), None | Some("http" | "http2"))
+                    }),
+                    body: Json::Object(params),
+                });
+            }
             "zkCli.sh" => {
                 let Some(pos) = call.args.iter().position(|a| a == "create") else {
                     continue;
@@ -1530,9 +1747,29 @@ fn registrations(calls: &[Call]) -> Vec<Registered> {
     out
 }
 
-/// Every registration the Consul, ZooKeeper and Eureka seeds send.
+/// `%XX` escapes of a URL query value decoded (the seeds' own: ASCII).
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match (b[i], v.get(i + 1..i + 3)) {
+            (b'%', Some(hex)) if u8::from_str_radix(hex, 16).is_ok() => {
+                out.push(u8::from_str_radix(hex, 16).expect("hex"));
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("UTF-8 query value")
+}
+
+/// Every registration the Consul, ZooKeeper, Eureka and Nacos seeds send.
 fn seeded(c: &Value) -> Vec<Registered> {
-    ["consul-kube.sh", "zookeeper.sh", "eureka.sh"]
+    ["consul-kube.sh", "zookeeper.sh", "eureka.sh", "nacos.sh"]
         .iter()
         .flat_map(|s| registrations(&run_seed(c, s)))
         .collect()
@@ -1613,6 +1850,34 @@ fn seed_registrations_have_the_fields_the_tests_send() {
         &e2e::registries::Instance::new("hello-1", "10.0.0.1:8080".parse().expect("addr")),
     ))
     .expect("tests' Curator instance");
+    let mut n = 0;
+    for g in regs.iter().filter(|g| g.registry == "nacos") {
+        // Persistent (the seed exits: an ephemeral instance would go with it), in the group and
+        // namespace REGISTRIES' host suffix names, with the parameters the tests' harness sends
+        // (tests/src/nacos.rs `Instance::params`; clusterName may default).
+        let p = &g.body;
+        assert_eq!(p["ephemeral"], "false", "nacos {}: persistent", g.service);
+        assert_eq!(p["groupName"], "DEFAULT_GROUP", "nacos {}", g.service);
+        assert!(
+            p.get("namespaceId").is_none_or(|ns| *ns == "public"),
+            "nacos {}: the public namespace",
+            g.service
+        );
+        for key in [
+            "serviceName",
+            "groupName",
+            "ip",
+            "port",
+            "weight",
+            "enabled",
+            "healthy",
+            "metadata",
+        ] {
+            assert!(p.get(key).is_some(), "nacos {}: no {key}", g.service);
+        }
+        n += 1;
+    }
+    assert!(n >= 1, "no Nacos registration: {regs:#?}");
     let mut n = 0;
     for g in &regs {
         let (got, want) = match g.registry {
