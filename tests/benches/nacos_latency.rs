@@ -33,9 +33,15 @@ fn floor_subscriber(nacos: &Nacos, out: mpsc::Sender<(Instant, usize)>) {
             .expect("runtime");
         rt.block_on(async move {
             let (tx, mut rx) = tokio::sync::mpsc::channel(64);
-            let mut session = Session::open(&server, &GrpcTls::default(), "", Duration::from_secs(10), tx)
-                .await
-                .expect("floor session");
+            let mut session = Session::open(
+                &server,
+                &GrpcTls::default(),
+                "",
+                Duration::from_secs(10),
+                tx,
+            )
+            .await
+            .expect("floor session");
             session
                 .subscribe(DEFAULT_GROUP, "orders", None)
                 .await

@@ -493,17 +493,30 @@ fn a_restart_that_loses_ephemeral_instances_is_held_until_their_clients_return()
     let mut nacos = Nacos::start();
     let (a, xds) = adapter(&nacos, &[]);
     let mut client = Registrar::start(&nacos, None);
-    client.register("orders", DEFAULT_GROUP, "10.0.3.1", 8080, 1.0, &[("version", "v1")]);
+    client.register(
+        "orders",
+        DEFAULT_GROUP,
+        "10.0.3.1",
+        8080,
+        1.0,
+        &[("version", "v1")],
+    );
     until("the client's instance served", &xds, |i| {
         endpoints(i, ORDERS) == [ep("10.0.3.1", 100, "v1")]
     });
     let snapshots = a.metric("mcp_adapter_snapshots_total");
 
     nacos.restart();
-    e2e::wait_for(CHANGE_TIMEOUT, "the client's instance registered again", || {
-        (nacos.hosts("orders", DEFAULT_GROUP, "").len() == 1).then_some(())
-    });
-    a.wait_registryz(CHANGE_TIMEOUT, "registryz 200 once the adapter reads it again", 200);
+    e2e::wait_for(
+        CHANGE_TIMEOUT,
+        "the client's instance registered again",
+        || (nacos.hosts("orders", DEFAULT_GROUP, "").len() == 1).then_some(()),
+    );
+    a.wait_registryz(
+        CHANGE_TIMEOUT,
+        "registryz 200 once the adapter reads it again",
+        200,
+    );
     assert_eq!(
         a.metric("mcp_adapter_snapshots_total"),
         snapshots,
@@ -563,7 +576,9 @@ fn tls_on_both_ports_with_a_client_certificate() {
     );
     a.wait_ready();
     let xds = a.xds_url();
-    until("orders served over TLS", &xds, |i| endpoints(i, ORDERS).len() == 1);
+    until("orders served over TLS", &xds, |i| {
+        endpoints(i, ORDERS).len() == 1
+    });
     assert!(http_proxy.handshakes() >= 1 && grpc_proxy.handshakes() >= 1);
     nacos.register(&Instance::new("orders", "10.0.0.2", 8080));
     until("a push over TLS", &xds, |i| endpoints(i, ORDERS).len() == 2);
@@ -574,7 +589,11 @@ fn tls_on_both_ports_with_a_client_certificate() {
         "adapter-nacos",
         &["--nacos-addr", url.as_str(), "--nacos-ca", ca.as_str()],
     );
-    let body = refused.wait_registryz(CHANGE_TIMEOUT, "registryz 503 without a client certificate", 503);
+    let body = refused.wait_registryz(
+        CHANGE_TIMEOUT,
+        "registryz 503 without a client certificate",
+        503,
+    );
     assert!(body.contains(&url), "{body}");
     assert_eq!(refused.get("/readyz").0, 503, "never synced");
 }
