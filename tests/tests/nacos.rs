@@ -135,6 +135,20 @@ fn http_registrations_weights_metadata_and_removals_reach_the_sink() {
     until("orders kept with no endpoints", &xds, |i| {
         find(i, ORDERS).is_some() && endpoints(i, ORDERS).is_empty()
     });
+    // The service deleted: gone from the catalog, so its entry goes at the next read; the
+    // other service stays.
+    let (status, body) = nacos.call(
+        "DELETE",
+        "/nacos/v1/ns/service",
+        &[
+            ("serviceName", "orders".to_string()),
+            ("groupName", DEFAULT_GROUP.to_string()),
+        ],
+    );
+    assert_eq!((status, body.trim()), (200, "ok"), "delete the service");
+    until("orders removed with its service", &xds, |i| {
+        find(i, ORDERS).is_none() && find(i, "cart.shop.public").is_some()
+    });
     a.assert_no_registry_errors("as instances came and went");
 }
 
@@ -596,4 +610,34 @@ fn tls_on_both_ports_with_a_client_certificate() {
     );
     assert!(body.contains(&url), "{body}");
     assert_eq!(refused.get("/readyz").0, 503, "never synced");
+}
+
+#[test]
+#[ignore = "needs rnacos: tests/nacos/build.sh target/nacos (the README's test command builds it)"]
+fn fails_over_to_the_next_address_when_the_first_server_stops() {
+    // Two independent servers (no cluster replication in rnacos): each registration goes to
+    // both, as a Nacos cluster's members would all answer for it.
+    let mut first = Nacos::start();
+    let second = Nacos::start();
+    for n in [&first, &second] {
+        n.register(&Instance::new("orders", "10.0.0.1", 8080));
+    }
+    let addrs = format!("{},{}", first.server_addr(), second.server_addr());
+    let a = Adapter::start("adapter-nacos", &["--nacos-addr", addrs.as_str()]);
+    a.wait_ready();
+    let xds = a.xds_url();
+    until("orders served", &xds, |i| endpoints(i, ORDERS).len() == 1);
+
+    first.stop();
+    // A change only the second server knows arrives: the adapter moved to it.
+    second.register(&Instance::new("orders", "10.0.0.2", 8080));
+    until("the second server's instance served", &xds, |i| {
+        endpoints(i, ORDERS).len() == 2
+    });
+    a.wait_registryz(CHANGE_TIMEOUT, "registryz 200 on the second server", 200);
+    assert!(
+        a.log().contains(&second.server_addr()),
+        "the log names the server it moved to:\n{}",
+        a.log_tail()
+    );
 }
