@@ -15,8 +15,9 @@
 #     its packages come from their build cache; cold after them: ~15 s; warm: ~1 s);
 #   - Consul, built from the Go module proxy into target/consul (cold: ~11 min; warm: seconds);
 #   - a Spring Cloud Eureka server, built with Maven into target/eureka (cold: ~1.5 min);
-#   - rnacos 0.8.8, a Nacos server in Rust from crates.io, as a debug build cached outside the
-#     repo in ~/.cache/mcp-bridge-peers (cold: ~5.5 min on 2 busy cores; warm: a version check),
+#   - rnacos 0.8.8, a Nacos server in Rust from crates.io, as a debug build without debug info
+#     cached outside the repo in ~/.cache/mcp-bridge-peers (cold: ~8 min of CPU, 5-9 min on 2
+#     busy cores; warm: a version check),
 #     linked into target/nacos, and the official Nacos Java client driven over stdin, built with
 #     Maven into target/nacos (cold: ~16 s; warm: nothing) (tests/nacos/build.sh);
 #   - ZooKeeper, Debian's package (apt-get; needs root, as on CI machines);
@@ -74,7 +75,7 @@ tests/consul/build.sh target/consul
 step "building the Eureka test server (tests/eureka, Maven Central)"
 tests/eureka/build.sh target/eureka
 
-step "building rnacos (debug, cached in ~/.cache/mcp-bridge-peers) and the Nacos Java registrar (tests/nacos)"
+step "building rnacos (debug without debug info, cached in ~/.cache/mcp-bridge-peers) and the Nacos Java registrar (tests/nacos)"
 tests/nacos/build.sh target/nacos
 
 step "installing ZooKeeper (Debian package)"

@@ -64,9 +64,10 @@ mkdir -p "$target/compose"
   -ldflags='-s -w -X github.com/docker/compose/v2/internal.Version=v2.40.3' \
   -o "$target/compose/docker-compose" github.com/docker/compose/v2/cmd)
 "$repo_dir/scripts/install-envoy.sh" "$out/envoy-1.36" 1.36.4 >/dev/null
-# rnacos is the tests' debug build: 425 MB, nearly all of it debug info. Stripped of that (not of
-# its symbols, so a panic's backtrace still names functions) it is 103 MB; rebuilt only
-# when the binary is newer than the stripped copy, so an unchanged recipe stays a cache hit.
+# rnacos is the tests' debug build (98 MB without debug info; a build with it is 425 MB).
+# Stripped of any debug info left (not of its symbols, so a panic's backtrace still names
+# functions); copied again only when the binary is newer than the stripped copy, so an
+# unchanged recipe stays a cache hit.
 rnacos="${NACOS_BIN:-$target/nacos/rnacos}"
 [ -x "$rnacos" ] || { echo "no rnacos at $rnacos: run tests/nacos/build.sh $target/nacos (or set NACOS_BIN)" >&2; exit 1; }
 if [ ! -f "$out/bin/rnacos" ] || [ "$(readlink -f "$rnacos")" -nt "$out/bin/rnacos" ]; then
