@@ -10,7 +10,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use mcp_runtime::http_client::{BodyError, HttpError, ReloadingClient};
-use mcp_runtime::secret::{Secret, SecretSource};
+#[cfg(test)]
+use mcp_runtime::secret::SecretSource;
+use mcp_runtime::secret::{CredentialsError, Secret, UserPassword};
 use reqwest::StatusCode;
 
 use crate::config::EurekaConfig;
@@ -69,52 +71,35 @@ impl From<ClientError> for mcp_core::RegistryError {
     }
 }
 
-/// Basic-auth credentials: `user:password` from `--eureka-auth-file` (re-read when it changes,
-/// so a rotated password needs no restart), else `EUREKA_USERNAME` + `EUREKA_PASSWORD`. Never
-/// printed: the pair is a [`Secret`] until the request takes it.
+/// Basic-auth credentials: `user:password` from `--eureka-auth-file` (re-read when it changes),
+/// else `EUREKA_USERNAME` + `EUREKA_PASSWORD`.
 #[derive(Debug)]
-pub struct Credentials(SecretSource);
+pub struct Credentials(UserPassword);
+
+const AUTH_FLAG: &str = "--eureka-auth-file";
+const AUTH_VARS: &str = "EUREKA_USERNAME/EUREKA_PASSWORD";
+
+impl From<CredentialsError> for ClientError {
+    fn from(e: CredentialsError) -> Self {
+        ClientError::File {
+            what: e.flag,
+            path: e.path,
+            message: e.message,
+        }
+    }
+}
 
 impl Credentials {
     /// From the file or the environment; none when neither is set. A file that cannot be read
     /// or does not hold `user:password` fails now.
     pub fn load(file: Option<&Path>) -> Result<Self, ClientError> {
-        let env = match (
-            std::env::var("EUREKA_USERNAME"),
-            std::env::var("EUREKA_PASSWORD"),
-        ) {
-            (Ok(user), Ok(password)) if !user.is_empty() => Some(format!("{user}:{password}")),
-            _ => None,
-        };
-        let source =
-            SecretSource::new("credentials", file, env).map_err(|e| ClientError::File {
-                what: "--eureka-auth-file",
-                path: e.path.clone(),
-                message: e.source.to_string(),
-            })?;
-        let creds = Self(source);
-        creds.current()?;
-        Ok(creds)
+        let vars = ("EUREKA_USERNAME", "EUREKA_PASSWORD");
+        Ok(Self(UserPassword::load(AUTH_FLAG, file, vars, AUTH_VARS)?))
     }
 
     /// The user and password to send now.
     pub fn current(&self) -> Result<Option<(String, Secret)>, ClientError> {
-        let bad = |message: String| ClientError::File {
-            what: "--eureka-auth-file",
-            path: match &self.0 {
-                SecretSource::File { path, .. } => path.clone(),
-                _ => PathBuf::from("EUREKA_USERNAME/EUREKA_PASSWORD"),
-            },
-            message,
-        };
-        let Some(pair) = self.0.current().map_err(|e| bad(e.source.to_string()))? else {
-            return Ok(None);
-        };
-        let (user, password) = pair
-            .expose()
-            .split_once(':')
-            .ok_or_else(|| bad("expected one line `user:password`".into()))?;
-        Ok(Some((user.to_string(), Secret::new(password))))
+        Ok(self.0.current()?)
     }
 }
 
@@ -318,7 +303,14 @@ mod tests {
         let err = Client::new(&cfg(&["--eureka-url", "http://u:secret@a:8761/eureka"]))
             .expect_err("refused");
         assert!(!err.to_string().contains("secret"), "{err}");
-        let c = Credentials(SecretSource::Fixed(Secret::new("u:secret")));
+        let c = Credentials(
+            UserPassword::from_source(
+                SecretSource::Fixed(Secret::new("u:secret")),
+                AUTH_FLAG,
+                AUTH_VARS,
+            )
+            .expect("credentials"),
+        );
         assert!(!format!("{c:?}").contains("secret"));
         let (_, password) = c.current().expect("current").expect("some");
         assert!(!format!("{password:?}").contains("secret"));

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use mcp_runtime::http_client::{HttpError, ReloadingClient};
-use mcp_runtime::secret::{Secret, SecretSource};
+use mcp_runtime::secret::{CredentialsError, Secret, UserPassword};
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
@@ -133,48 +133,24 @@ pub fn parse_server(raw: &str, grpc_offset: u16) -> Result<Server, HttpClientErr
     })
 }
 
+impl From<CredentialsError> for HttpClientError {
+    fn from(e: CredentialsError) -> Self {
+        HttpClientError::Credentials {
+            path: e.path,
+            message: e.message,
+        }
+    }
+}
+
 /// Nacos credentials: `user:password` from `--nacos-auth-file` (re-read when it changes), else
-/// `NACOS_USERNAME` + `NACOS_PASSWORD`. Never printed: a [`Secret`] until the login takes it.
-#[derive(Debug)]
-struct Credentials(SecretSource);
-
-impl Credentials {
-    fn load(file: Option<&Path>) -> Result<Self, HttpClientError> {
-        let env = match (
-            std::env::var("NACOS_USERNAME"),
-            std::env::var("NACOS_PASSWORD"),
-        ) {
-            (Ok(user), Ok(password)) if !user.is_empty() => Some(format!("{user}:{password}")),
-            _ => None,
-        };
-        let source = SecretSource::new("credentials", file, env).map_err(|e| {
-            HttpClientError::Credentials {
-                path: e.path.clone(),
-                message: e.source.to_string(),
-            }
-        })?;
-        let creds = Self(source);
-        creds.current()?;
-        Ok(creds)
-    }
-
-    fn current(&self) -> Result<Option<(String, Secret)>, HttpClientError> {
-        let bad = |message: String| HttpClientError::Credentials {
-            path: match &self.0 {
-                SecretSource::File { path, .. } => path.clone(),
-                _ => PathBuf::from("NACOS_USERNAME/NACOS_PASSWORD"),
-            },
-            message,
-        };
-        let Some(pair) = self.0.current().map_err(|e| bad(e.source.to_string()))? else {
-            return Ok(None);
-        };
-        let (user, password) = pair
-            .expose()
-            .split_once(':')
-            .ok_or_else(|| bad("expected one line `user:password`".into()))?;
-        Ok(Some((user.to_string(), Secret::new(password))))
-    }
+/// `NACOS_USERNAME` + `NACOS_PASSWORD`.
+fn credentials(file: Option<&Path>) -> Result<UserPassword, HttpClientError> {
+    Ok(UserPassword::load(
+        "--nacos-auth-file",
+        file,
+        ("NACOS_USERNAME", "NACOS_PASSWORD"),
+        "NACOS_USERNAME/NACOS_PASSWORD",
+    )?)
 }
 
 /// A token and when to log in again.
@@ -193,7 +169,7 @@ pub struct HttpClient {
     http: ReloadingClient,
     servers: Vec<Server>,
     current: AtomicUsize,
-    creds: Credentials,
+    creds: UserPassword,
     token: Mutex<Option<Token>>,
     stats: NacosStats,
 }
@@ -225,7 +201,7 @@ impl HttpClient {
             http,
             servers,
             current: AtomicUsize::new(0),
-            creds: Credentials::load(cfg.auth_file.as_deref())?,
+            creds: credentials(cfg.auth_file.as_deref())?,
             token: Mutex::new(None),
             stats,
         })

@@ -113,24 +113,16 @@ impl Rpc {
     /// `/Request/request`.
     pub async fn request(&mut self, payload: Payload) -> Result<Payload, WireError> {
         let call = payload.kind().to_string();
-        let status = |s: tonic::Status| WireError::Status {
-            call: call.clone(),
-            status: format!("{:?}: {}", s.code(), s.message()),
-        };
-        self.grpc
-            .ready()
-            .await
-            .map_err(|e| status(tonic::Status::unavailable(e.to_string())))?;
-        let codec: tonic_prost::ProstCodec<Payload, Payload> = tonic_prost::ProstCodec::default();
+        self.ready(&call).await?;
         self.grpc
             .unary(
                 tonic::Request::new(payload),
                 PathAndQuery::from_static("/Request/request"),
-                codec,
+                codec(),
             )
             .await
             .map(tonic::Response::into_inner)
-            .map_err(status)
+            .map_err(|s| status(&call, s))
     }
 
     /// `/BiRequestStream/requestBiStream`: `up` is what the client sends; the answer streams
@@ -139,24 +131,35 @@ impl Rpc {
         &mut self,
         up: impl futures::Stream<Item = Payload> + Send + 'static,
     ) -> Result<tonic::Streaming<Payload>, WireError> {
-        let status = |s: tonic::Status| WireError::Status {
-            call: "requestBiStream".into(),
-            status: format!("{:?}: {}", s.code(), s.message()),
-        };
-        self.grpc
-            .ready()
-            .await
-            .map_err(|e| status(tonic::Status::unavailable(e.to_string())))?;
-        let codec: tonic_prost::ProstCodec<Payload, Payload> = tonic_prost::ProstCodec::default();
+        let call = "requestBiStream";
+        self.ready(call).await?;
         self.grpc
             .streaming(
                 tonic::Request::new(up),
                 PathAndQuery::from_static("/BiRequestStream/requestBiStream"),
-                codec,
+                codec(),
             )
             .await
             .map(tonic::Response::into_inner)
-            .map_err(status)
+            .map_err(|s| status(call, s))
+    }
+
+    async fn ready(&mut self, call: &str) -> Result<(), WireError> {
+        self.grpc
+            .ready()
+            .await
+            .map_err(|e| status(call, tonic::Status::unavailable(e.to_string())))
+    }
+}
+
+fn codec() -> tonic_prost::ProstCodec<Payload, Payload> {
+    tonic_prost::ProstCodec::default()
+}
+
+fn status(call: &str, s: tonic::Status) -> WireError {
+    WireError::Status {
+        call: call.to_string(),
+        status: format!("{:?}: {}", s.code(), s.message()),
     }
 }
 

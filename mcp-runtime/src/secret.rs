@@ -147,6 +147,85 @@ impl SecretSource {
     }
 }
 
+/// Why `user:password` credentials are unusable.
+#[derive(Debug, thiserror::Error)]
+#[error("{flag} {path}: {message}")]
+pub struct CredentialsError {
+    /// The file flag (`--eureka-auth-file`).
+    pub flag: &'static str,
+    /// The file, or the two variables' names when they are the source.
+    pub path: PathBuf,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// `user:password` for a registry's login: from the file named by a flag (re-read when it
+/// changes, so a rotated password needs no restart), else from two environment variables.
+/// Never printed: the pair is a [`Secret`] until the request takes it.
+#[derive(Debug)]
+pub struct UserPassword {
+    source: SecretSource,
+    flag: &'static str,
+    vars: &'static str,
+}
+
+impl UserPassword {
+    /// From `file` (flag `flag`), else `user_var` and `password_var`; none when neither is
+    /// set. A file that cannot be read or does not hold `user:password` fails now.
+    pub fn load(
+        flag: &'static str,
+        file: Option<&Path>,
+        (user_var, password_var): (&'static str, &'static str),
+        vars: &'static str,
+    ) -> Result<Self, CredentialsError> {
+        let env = match (std::env::var(user_var), std::env::var(password_var)) {
+            (Ok(user), Ok(password)) if !user.is_empty() => Some(format!("{user}:{password}")),
+            _ => None,
+        };
+        let source = SecretSource::new("credentials", file, env).map_err(|e| CredentialsError {
+            flag,
+            path: e.path.clone(),
+            message: e.source.to_string(),
+        })?;
+        Self::from_source(source, flag, vars)
+    }
+
+    /// From `source` (tests: a fixed pair); checked now.
+    pub fn from_source(
+        source: SecretSource,
+        flag: &'static str,
+        vars: &'static str,
+    ) -> Result<Self, CredentialsError> {
+        let creds = Self { source, flag, vars };
+        creds.current()?;
+        Ok(creds)
+    }
+
+    /// The user and password to send now.
+    pub fn current(&self) -> Result<Option<(String, Secret)>, CredentialsError> {
+        let bad = |message: String| CredentialsError {
+            flag: self.flag,
+            path: match &self.source {
+                SecretSource::File { path, .. } => path.clone(),
+                _ => PathBuf::from(self.vars),
+            },
+            message,
+        };
+        let Some(pair) = self
+            .source
+            .current()
+            .map_err(|e| bad(e.source.to_string()))?
+        else {
+            return Ok(None);
+        };
+        let (user, password) = pair
+            .expose()
+            .split_once(':')
+            .ok_or_else(|| bad("expected one line `user:password`".into()))?;
+        Ok(Some((user.to_string(), Secret::new(password))))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

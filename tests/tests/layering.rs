@@ -11,10 +11,17 @@ use std::process::Command;
 /// Every package in `package`'s normal-dependency tree, by name (features as Cargo resolves them
 /// when only `package` is built, as `cargo build -p package` does).
 fn tree(package: &str, edges: &str) -> String {
+    tree_to(package, edges, None)
+}
+
+/// [`tree`], `depth` levels deep (1: what `package` names itself).
+fn tree_to(package: &str, edges: &str, depth: Option<u32>) -> String {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let depth = depth.map(|d| d.to_string());
     let out = Command::new(cargo)
         .args(["tree", "--offline", "--locked", "-p", package, "-e", edges])
         .args(["--prefix", "none"])
+        .args(depth.iter().flat_map(|d| ["--depth", d.as_str()]))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run cargo tree");
@@ -124,23 +131,7 @@ fn no_binary_carries_test_support() {
 
 /// The packages `package` names in its manifest (normal dependencies).
 fn direct(package: &str) -> BTreeSet<String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "tree",
-            "--offline",
-            "--locked",
-            "-p",
-            package,
-            "-e",
-            "normal",
-        ])
-        .args(["--prefix", "none", "--depth", "1"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run cargo tree");
-    assert!(out.status.success(), "cargo tree -p {package}");
-    String::from_utf8_lossy(&out.stdout)
+    tree_to(package, "normal", Some(1))
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .filter(|p| *p != package)
