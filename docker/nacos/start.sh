@@ -16,7 +16,9 @@ set -u
 [ $# -gt 0 ] || set -- /usr/bin/rnacos
 port="${RNACOS_HTTP_PORT:-8848}"
 data="${RNACOS_DATA_DIR:-${RNACOS_CONFIG_DB_DIR:-nacos_db}}"
-log=/tmp/rnacos-start.log
+# A file of this run's own: two runs side by side (tests on one machine) must not read each
+# other's output.
+log="$(mktemp "${TMPDIR:-/tmp}/rnacos-start.XXXXXX")"
 fresh=false
 [ -e "$data" ] || fresh=true
 pid=
@@ -56,4 +58,5 @@ for attempt in 1 2 3 4 5; do
   if $fresh; then rm -rf "$data"; fi
 done
 echo "nacos/start.sh: rnacos panicked at each of 5 starts" >&2
+rm -f "$log"
 exit 1

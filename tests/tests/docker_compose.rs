@@ -1279,8 +1279,14 @@ exit 7
         let _ = std::fs::remove_file(dir.path().join("count"));
         let _ = std::fs::remove_file(dir.path().join("events"));
         let _ = std::fs::remove_dir_all(dir.path().join("data"));
-        let mut cmd = Command::new("bash");
-        cmd.arg(&script)
+        // SIGINT and SIGQUIT at their defaults, as in a container: a runner that started the
+        // tests in the background (a non-interactive shell's `&`) hands them down ignored, and
+        // bash can neither trap nor reset a signal ignored on its entry, so the stand-in would
+        // never see the SIGINT the script sends (seen once: every start then waited for
+        // SIGKILL).
+        let mut cmd = Command::new("env");
+        cmd.args(["--default-signal=INT,QUIT", "bash"])
+            .arg(&script)
             .arg(&fake)
             .current_dir(dir.path())
             .env("RNACOS_HTTP_PORT", closed.to_string())
