@@ -19,6 +19,9 @@ use crate::config::NacosConfig;
 use crate::dto::{CatalogPage, CatalogService, Login, Namespaces};
 use crate::stats::NacosStats;
 
+/// How long to wait before asking again with a new token after a refusal.
+pub const RELOGIN_PAUSE: Duration = Duration::from_millis(200);
+
 /// Catalog page size: Nacos caps pages at 500 in places; this many names is a few tens of KiB.
 const PAGE_SIZE: u64 = 500;
 
@@ -334,27 +337,44 @@ impl HttpClient {
         query: &[(&str, String)],
     ) -> Result<T, HttpClientError> {
         let what = format!("GET {path}");
+        let mut resp = self.send_get(path, query).await?;
+        if matches!(
+            resp.status(),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        ) && self.creds.current()?.is_some()
+        {
+            // An expired or revoked token, or one the server has not taken in yet (a login
+            // that a Nacos cluster is still replicating): log in again and ask once more.
+            self.drop_token();
+            tokio::time::sleep(RELOGIN_PAUSE).await;
+            resp = self.send_get(path, query).await?;
+            if matches!(
+                resp.status(),
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+            ) {
+                self.drop_token();
+            }
+        }
+        self.parse(resp, &what).await
+    }
+
+    async fn send_get(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<reqwest::Response, HttpClientError> {
         let mut query: Vec<(&str, String)> = query.to_vec();
         if let Some(token) = self.token().await? {
             query.push(("accessToken", token.expose().to_string()));
         }
         let base = &self.server().http;
-        let resp = self
-            .http
+        self.http
             .get()
             .get(format!("{base}{path}"))
             .query(&query)
             .send()
             .await
-            .map_err(|e| self.unavailable(e))?;
-        if matches!(
-            resp.status(),
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
-        ) {
-            // An expired or revoked token: the next request logs in again.
-            self.drop_token();
-        }
-        self.parse(resp, &what).await
+            .map_err(|e| self.unavailable(e))
     }
 
     async fn parse<T: DeserializeOwned>(

@@ -31,7 +31,7 @@ use crate::config::NacosConfig;
 use crate::convert::{convert_service, ServiceId};
 use crate::dto::{split_grouped, ServiceInfo, DEFAULT_GROUP};
 use crate::http::{HttpClient, HttpClientError};
-use crate::session::{GrpcTls, Session, SessionEvent};
+use crate::session::{GrpcTls, Session, SessionError, SessionEvent};
 use crate::stats::NacosStats;
 
 /// Why the registry cannot be built from the settings.
@@ -223,10 +223,19 @@ impl Inner {
             return Ok(());
         };
         self.stats.request("subscribe");
-        let info = session
-            .subscribe(&id.group, &id.name, token)
-            .await
-            .inspect_err(|_| self.http.drop_token())?;
+        let info = match session.subscribe(&id.group, &id.name, token).await {
+            Err(SessionError::Refused { .. }) if token.is_some() => {
+                // As for HTTP: the token ran out or the server has not taken it in yet; log in
+                // again and ask once more.
+                self.http.drop_token();
+                tokio::time::sleep(crate::http::RELOGIN_PAUSE).await;
+                let fresh = self.http.token().await?;
+                self.stats.request("subscribe");
+                session.subscribe(&id.group, &id.name, fresh.as_ref()).await
+            }
+            other => other,
+        }
+        .inspect_err(|_| self.http.drop_token())?;
         w.infos.insert(id, info);
         self.stats.subscriptions(w.infos.len());
         Ok(())
