@@ -104,18 +104,20 @@ fn the_kube_output_knows_no_server_runtime_or_flags() {
     );
 }
 
+/// Every adapter binary of the workspace.
+const ADAPTERS: [&str; 6] = [
+    "adapter-file",
+    "adapter-consul",
+    "adapter-zookeeper",
+    "adapter-eureka",
+    "adapter-kube",
+    "adapter-nacos",
+];
+
 /// `testing` (the registry a test drives, default flags for tests) is never in what ships.
 #[test]
 fn no_binary_carries_test_support() {
-    for bin in [
-        "adapter-file",
-        "adapter-consul",
-        "adapter-zookeeper",
-        "adapter-eureka",
-        "adapter-kube",
-        "adapter-nacos",
-        "mcpctl",
-    ] {
+    for bin in ADAPTERS.iter().chain(&["mcpctl"]) {
         let features = tree(bin, "features,no-dev");
         assert!(
             features.contains("mcp-core feature \"default\""),
@@ -145,14 +147,7 @@ fn direct(package: &str) -> BTreeSet<String> {
 /// its `wire.rs`, never Istio's.
 #[test]
 fn adapters_build_no_protobufs() {
-    for bin in [
-        "adapter-file",
-        "adapter-consul",
-        "adapter-zookeeper",
-        "adapter-eureka",
-        "adapter-kube",
-        "adapter-nacos",
-    ] {
+    for bin in ADAPTERS {
         let deps = direct(bin);
         assert!(deps.contains("mcp-runtime"), "{bin}: {deps:?}");
         let found: Vec<&str> = ["proto", "envoy-types", "mcp-server"]
