@@ -287,9 +287,11 @@ fn main() {
             .collect(),
     };
     crd.write();
+    let mut scope = regs.namespaces();
+    scope.push("crd".into());
     apply(
         &kube,
-        &sidecar_scope(&["inventory", "consul", "zookeeper", "eureka", "store", "crd"]),
+        &sidecar_scope(&scope.iter().map(String::as_str).collect::<Vec<_>>()),
     );
 
     let mut config = IstiodConfig::production();
@@ -309,7 +311,7 @@ fn main() {
         measure(&mut crd, &crd_backends, &crd_insts, rounds),
     ));
     for (r, (backends, insts)) in regs.all_mut().into_iter().zip(&fleets) {
-        let key = format!("{}/{SERVICE}", r.namespace());
+        let key = format!("{}/{}", r.namespace(), r.name(SERVICE));
         let sink = SinkWatch::start(r.adapter().grpc, key);
         let mut src = ViaAdapter { registry: r, sink };
         let row = measure(&mut src, backends, insts, rounds);

@@ -676,6 +676,12 @@ impl Registries {
         ]
     }
 
+    /// Every adapter's ServiceEntry namespace, in [`Registries::all`]'s order: what a sidecar
+    /// scope must import, so a registry added here is never left out of one.
+    pub fn namespaces(&self) -> Vec<String> {
+        self.all().iter().map(|r| r.namespace()).collect()
+    }
+
     /// Every adapter's gRPC address (what istiod's `configSources` list).
     pub fn sources(&self) -> Vec<SocketAddr> {
         self.all().iter().map(|r| r.adapter().grpc).collect()

@@ -437,16 +437,10 @@ impl World {
             find(i, "billing").is_some()
         });
 
+        let scope = regs.namespaces();
         apply(
             &kube,
-            &sidecar_scope(&[
-                "inventory",
-                "consul",
-                "zookeeper",
-                "eureka",
-                "store",
-                "nacos",
-            ]),
+            &sidecar_scope(&scope.iter().map(String::as_str).collect::<Vec<_>>()),
         );
         let t = Instant::now();
         let mesh = Mesh::start(&kube, &regs.sources());
