@@ -30,7 +30,8 @@
 #     packages and rustup's Rust 1.89 (tests/containers/build.sh; cold: ~6 min), Docker Compose
 #     v2 from the Go module proxy (cold: ~6 min), then the project's images from docker/Dockerfile
 #     and docker/Dockerfile.eureka as users get them (tests/containers/build-images.sh; cold:
-#     ~20 min, the builder compiling the workspace in release; warm: what changed).
+#     ~20 min of 2 cores, the builder compiling the workspace in release; warm: what changed),
+#     built in the background beside the checks and the tests that do not run them.
 # Usage: scripts/test.sh            (from anywhere inside the repo)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -91,6 +92,17 @@ scripts/install-podman.sh
 step "building the stand-ins for the upstream images and docker compose (tests/containers/build.sh)"
 tests/containers/build.sh target
 
+# The images' builder compiles the workspace in release (cold: ~20 min of 2 cores). It runs in the
+# background from here on, at the lowest CPU priority (nice 19: it takes the CPU the steps below
+# leave idle, and the end-to-end tests, which spend most of their time waiting for real peers,
+# leave a lot), and only the tests that run the images (containers.rs' `images` module) wait for
+# it. Its output goes to target/build-images.log and is printed once it is done; if it fails, the
+# run fails there. setsid: its own process group, so that a run that stops early stops it too.
+step "building the project's images with podman in the background (docker/Dockerfile, docker/Dockerfile.eureka; tests/containers/build-images.sh > target/build-images.log)"
+nice -n 19 setsid tests/containers/build-images.sh > target/build-images.log 2>&1 &
+images_pid=$!
+trap 'kill -- -"$images_pid" 2>/dev/null || true' EXIT
+
 step "building compose-check (docker/compose-check: compose-go validates docker/compose.yaml; Go module proxy; warm: ~1 s)"
 (cd docker/compose-check && GOWORK=off go build -buildvcs=false -o ../../target/compose-check .)
 
@@ -103,17 +115,27 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo build --workspace --bins --examples (the end-to-end tests run the real binaries and zk-writer)"
 cargo build --workspace --bins --examples
 
-step "building the project's images with podman (docker/Dockerfile, docker/Dockerfile.eureka)"
-tests/containers/build-images.sh
-
-step "cargo test (including tests that need real peers)"
-ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
+# The peers the end-to-end tests run, for both cargo test runs below.
+export ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
   EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" \
   NACOS_BIN="$PWD/target/nacos/rnacos" NACOS_REGISTRAR_JAR="$PWD/target/nacos/nacos-registrar.jar" \
   ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" HELM_BIN="$PWD/target/helm/helm" \
-  COMPOSE_BIN="$PWD/target/compose/docker-compose" \
-  cargo test --workspace -- --include-ignored
+  COMPOSE_BIN="$PWD/target/compose/docker-compose"
+
+step "cargo test (including tests that need real peers; all but the images', beside their build)"
+cargo test --workspace -- --include-ignored --skip images::
+
+step "waiting for the project's images (target/build-images.log)"
+if ! wait "$images_pid"; then
+  tail -n 80 target/build-images.log >&2
+  echo "scripts/test.sh: building the project's images failed (target/build-images.log)" >&2
+  exit 1
+fi
+cat target/build-images.log
+
+step "cargo test -p e2e --test containers images:: (the tests that run the project's images)"
+cargo test -p e2e --test containers -- --include-ignored images::
 
 # Every bench (`cargo bench`'s targets: mcp-runtime/benches, tests/benches) once, at a tiny size
 # with one short iteration (MCP_BENCH_SMOKE=1), so that none rots between real runs. Dev profile
