@@ -99,7 +99,11 @@ tests/containers/build.sh target
 # it. Its output goes to target/build-images.log and is printed once it is done; if it fails, the
 # run fails there. setsid: its own process group, so that a run that stops early stops it too.
 step "building the project's images with podman in the background (docker/Dockerfile, docker/Dockerfile.eureka; tests/containers/build-images.sh > target/build-images.log)"
-nice -n 19 setsid tests/containers/build-images.sh > target/build-images.log 2>&1 &
+# A new session is a new scheduling autogroup where the kernel has them (Linux' default), and
+# autogroups share the CPU equally whatever their processes' nice: so the group is niced too,
+# from inside it.
+nice -n 19 setsid bash -c 'echo 19 2>/dev/null >/proc/self/autogroup; exec "$@"' build-images \
+  tests/containers/build-images.sh > target/build-images.log 2>&1 &
 images_pid=$!
 trap 'kill -- -"$images_pid" 2>/dev/null || true' EXIT
 

@@ -134,9 +134,14 @@ impl Adapter {
         })
     }
 
-    /// Polls /registryz until it answers `status`, within `timeout`; the body.
+    /// Polls /registryz until it answers `status`, within `timeout`; the body. A 503 that only
+    /// says the first sync has not happened yet (`<registry> not synced yet`, no error) is what
+    /// every adapter answers at its start, before it has tried anything: it is passed over, so
+    /// that waiting for a failure on a newly started adapter returns the failure's report.
     pub fn wait_registryz(&self, timeout: Duration, what: &str, status: u16) -> String {
-        self.wait_admin(timeout, what, "/registryz", |s, _| s == status)
+        self.wait_admin(timeout, what, "/registryz", |s, body| {
+            s == status && !(s == 503 && body.trim_end().ends_with(" not synced yet"))
+        })
     }
 
     /// Polls /debug/resources until its `problems` (as JSON text) satisfy `pred`, within

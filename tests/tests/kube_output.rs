@@ -226,14 +226,17 @@ fn file_output_writes_changes_only_leaves_a_users_object_alone_and_one_replica_w
 #[ignore = "needs kube-apiserver, Consul, ZooKeeper and the Eureka server"]
 fn every_adapter_writes_what_it_serves_and_restarts_write_nothing() {
     let kube = mesh_api_server();
-    for ns in [
+    // Made before the adapters start (they write at once); checked against the registries' own
+    // list below, so that a registry added there is not left without its namespace here.
+    let namespaces = [
         "inventory",
         "consul",
         "zookeeper",
         "eureka",
         "store",
         "nacos",
-    ] {
+    ];
+    for ns in namespaces {
         kube.namespace(ns);
     }
     let kubeconfig = kube.kubeconfig().display().to_string();
@@ -249,6 +252,11 @@ fn every_adapter_writes_what_it_serves_and_restarts_write_nothing() {
         "replica-0",
     ];
     let (mut regs, ()) = Registries::start_with_args(PORT, &extra, || ());
+    assert_eq!(
+        regs.namespaces(),
+        namespaces,
+        "every registry's namespace is made in the mesh cluster before its adapter writes"
+    );
     // Addresses on a pod network (the API server refuses loopback in EndpointSlices); nothing
     // is sent to them.
     for r in regs.all_mut() {
