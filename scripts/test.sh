@@ -138,8 +138,9 @@ if ! wait "$images_pid"; then
 fi
 cat target/build-images.log
 
-step "cargo test -p e2e --test containers images:: (the tests that run the project's images)"
-cargo test -p e2e --test containers -- --include-ignored images::
+# --workspace, as above: `-p e2e` alone unifies features differently and recompiles crates.
+step "cargo test --workspace --test containers images:: (the tests that run the project's images)"
+cargo test --workspace --test containers -- --include-ignored images::
 
 # Every bench (`cargo bench`'s targets: mcp-runtime/benches, tests/benches) once, at a tiny size
 # with one short iteration (MCP_BENCH_SMOKE=1), so that none rots between real runs. Dev profile

@@ -9,7 +9,7 @@ TOKEN="${KUBE_TOKEN:-demo-istiod-token}"
 
 # register NODE SERVICE ID ADDRESS PORT PROTOCOL CHECK_STATUS
 register() {
-  curl -fsS -X PUT "$CONSUL/v1/catalog/register" -d @- <<JSON
+  curl -fsS --retry 5 --retry-all-errors --retry-delay 1 -X PUT "$CONSUL/v1/catalog/register" -d @- <<JSON
 {"Node":"$1","Address":"$4","Service":{"ID":"$3","Service":"$2","Address":"$4","Port":$5,
  "Meta":{"protocol":"$6"}},
  "Check":{"CheckID":"service:$3","Name":"$2 health","ServiceID":"$3","Status":"$7"}}
@@ -29,7 +29,7 @@ register node-c hello hello-consul-1 10.203.0.21 8080 http passing
 
 echo "waiting for the Kubernetes API server at $KUBE"
 until curl -fsSk -H "Authorization: Bearer $TOKEN" "$KUBE/readyz" >/dev/null; do sleep 1; done
-code=$(curl -sSk -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $TOKEN" \
+code=$(curl -sSk --retry 5 --retry-all-errors --retry-delay 1 -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $TOKEN" \
   -H 'Content-Type: application/json' "$KUBE/api/v1/namespaces" \
   -d '{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"istio-system"}}')
 case "$code" in

@@ -11,7 +11,7 @@ EUREKA="${EUREKA_URL:-http://eureka:8761/eureka}"
 
 # register APP ID IP PORT: an UP instance with plain port PORT (Eureka upper-cases APP).
 register() {
-  curl -fsS -X POST -H 'Content-Type: application/json' "$EUREKA/apps/$1" -d @- <<JSON
+  curl -fsS --retry 5 --retry-all-errors --retry-delay 1 -X POST -H 'Content-Type: application/json' "$EUREKA/apps/$1" -d @- <<JSON
 {"instance":{"instanceId":"$2","hostName":"$3","app":"$1","ipAddr":"$3","status":"UP",
  "port":{"\$":$4,"@enabled":"true"},"securePort":{"\$":443,"@enabled":"false"},
  "dataCenterInfo":{"@class":"com.netflix.appinfo.InstanceInfo\$DefaultDataCenterInfo","name":"MyOwn"},

@@ -20,8 +20,11 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 # apply PATH FILE: server-side apply of the YAML object in FILE at PATH (the object's own URL).
+# Retried on transport errors: podman's DNS server can fail a lookup on a busy machine (seen:
+# `Could not resolve host: kube-apiserver` right after a request to it had worked), and an
+# apply is idempotent.
 apply() {
-  code=$(curl -sSk -o "$work/out" -w '%{http_code}' -X PATCH \
+  code=$(curl -sSk --retry 5 --retry-all-errors --retry-delay 1 -o "$work/out" -w '%{http_code}' -X PATCH \
     -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/apply-patch+yaml' \
     --data-binary @"$2" "$KUBE$1?fieldManager=mcp-demo-seed&force=true")
   case "$code" in
