@@ -5,7 +5,8 @@
 #   docker/Dockerfile.eureka                  ghcr.io/example/mcp-demo-eureka-server:0.1.0
 # (the names docker/compose.yaml and deploy/ use). The builder stage compiles the workspace with
 # `cargo build --release --locked` on the Rust the Dockerfile names (cold: ~20 min on 2 cores);
-# its cache mounts (cargo's registry, target/) live in podman's store, outside the clone, so a
+# its cache mounts (cargo's registry, target/) live in buildah's cache ($TMPDIR/buildah-cache,
+# /var/tmp by default), outside the clone, so a
 # later run on the same machine compiles only what changed.
 # Differences from `docker build` (BuildKit), each needed by podman 4.3 / buildah 1.28:
 #   --format docker    OCI images have no HEALTHCHECK; Docker's own format has it
