@@ -119,7 +119,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo build --workspace --bins --examples (the end-to-end tests run the real binaries and zk-writer)"
 cargo build --workspace --bins --examples
 
-# The peers the end-to-end tests run, for both cargo test runs below.
+# The peers the end-to-end tests and the benches run, for every cargo test run below.
 export ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
   EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" \
@@ -149,9 +149,5 @@ cargo test --workspace --test containers -- --include-ignored images::
 # timing is asserted: a bench that panics or errors fails, and so does one that hangs (the whole
 # step is given 20 minutes; measured: 3-8 minutes with compiling the bench binaries).
 step "bench smoke runs (MCP_BENCH_SMOKE=1 cargo test --workspace --bench '*'; idle_connections.py)"
-MCP_BENCH_SMOKE=1 ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
-  PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
-  EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" \
-  NACOS_BIN="$PWD/target/nacos/rnacos" NACOS_REGISTRAR_JAR="$PWD/target/nacos/nacos-registrar.jar" \
-  timeout 20m cargo test --workspace --bench '*'
+MCP_BENCH_SMOKE=1 timeout 20m cargo test --workspace --bench '*'
 benchmarks/idle_connections.py target/debug/adapter-file preface 10

@@ -289,10 +289,7 @@ fn main() {
     crd.write();
     let mut scope = regs.namespaces();
     scope.push("crd".into());
-    apply(
-        &kube,
-        &sidecar_scope(&scope.iter().map(String::as_str).collect::<Vec<_>>()),
-    );
+    apply(&kube, &sidecar_scope(&scope));
 
     let mut config = IstiodConfig::production();
     if let Ok(d) = std::env::var("TRAFFIC_BENCH_DEBOUNCE") {

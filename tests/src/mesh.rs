@@ -142,11 +142,11 @@ pub fn mtls_disabled() -> Value {
 /// practice: without capture a sidecar binds 127.0.0.1:<port> for every service it knows, and the
 /// mesh cluster's own `kubernetes` Service has the API server's port, which the API server
 /// already holds on this loopback (Envoy would reject the whole listener update).
-pub fn sidecar_scope(namespaces: &[&str]) -> Value {
+pub fn sidecar_scope<S: AsRef<str>>(namespaces: &[S]) -> Value {
     json!({
         "apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
         "metadata": {"name": "default", "namespace": "default"},
-        "spec": {"egress": [{"hosts": namespaces.iter().map(|n| format!("{n}/*")).collect::<Vec<_>>()}]},
+        "spec": {"egress": [{"hosts": namespaces.iter().map(|n| format!("{}/*", n.as_ref())).collect::<Vec<_>>()}]},
     })
 }
 

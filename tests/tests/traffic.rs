@@ -437,11 +437,7 @@ impl World {
             find(i, "billing").is_some()
         });
 
-        let scope = regs.namespaces();
-        apply(
-            &kube,
-            &sidecar_scope(&scope.iter().map(String::as_str).collect::<Vec<_>>()),
-        );
+        apply(&kube, &sidecar_scope(&regs.namespaces()));
         let t = Instant::now();
         let mesh = Mesh::start(&kube, &regs.sources());
         let captured = mesh.sidecar("client-2", 2, Interception::Redirect);
