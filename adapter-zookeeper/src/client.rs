@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, watch, Mutex};
 use tokio::time::timeout;
 use zookeeper_async::{WatchedEvent, ZkState, ZooKeeper};
 
-use crate::reads::{fired, Hint};
+use crate::watches::{fired, Hint};
 
 /// Where the client's default watcher sends fired watches: the running watch's channel.
 type Route = Arc<std::sync::Mutex<Option<mpsc::UnboundedSender<Hint>>>>;

@@ -525,7 +525,8 @@ mod tests {
     use super::*;
     use crate::convert::convert_dubbo;
     use crate::filter::Filters;
-    use crate::reads::{data_key, instances_to_read};
+    use crate::reads::instances_to_read;
+    use crate::watches::data_key;
 
     fn dir(root: &str, name: &str) -> Dir {
         Dir {

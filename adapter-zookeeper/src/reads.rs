@@ -5,13 +5,9 @@
 //! already: what an armed watch covers ([`Reader::armed`]) is known to be as read, and a read
 //! that is not a full list reads only what none covers (a watch that fired, a new child). Every
 //! request runs with the request timeout; directories, and the instances of one, are read
-//! `--zk-concurrency` at a time. A failed request either ends the watch (the connection or
-//! session is gone, the request timed out, the credentials were refused) or is a problem of the
-//! one znode it read.
-//!
-//! A connection lost under a request (a leader election, a server restart) is not a failure of
-//! the watch: the request fails with `ConnectionLoss`, the reader notes it
-//! ([`Reader::take_interrupted`]), and the session re-arms everything once connected again.
+//! `--zk-concurrency` at a time. What a failed request means (the watch ends, the pass ends, or
+//! one znode is a problem) is [`crate::requests`]; a pass cut short by a lost connection
+//! ([`Reader::take_interrupted`]) is done again by the session once connected.
 //!
 //! Every znode read is stamped with its `Stat` (the zxids and versions that change with its
 //! data, its children or its ACL), so that [`Reader::check`] (the safety pass, and the re-arm
@@ -21,150 +17,29 @@
 //! lists it once more, stamped). An instance's stamp comes with its data, at no cost.
 //!
 //! Apart from the session loop ([`crate::registry`]) and from what the reads find ([`Read`],
-//! applied by [`crate::model`]): the state here is which watches are armed, the stamps and the
-//! request counts.
+//! applied by [`crate::model`]): the state here is which watches are armed and the stamps; the
+//! watch keys and the stamp itself are [`crate::watches`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use mcp_core::RegistryError;
-use tokio::time::timeout;
-use zookeeper_async::{Stat, WatchedEvent, WatchedEventType, ZkError, ZooKeeper};
+use zookeeper_async::ZooKeeper;
 
 use crate::config::Layout;
 use crate::convert::convert_dubbo;
 use crate::filter::Filters;
 use crate::model::{join, shape, Dir, DirState, Fetched, Held, Model, Read, Shape};
-
-/// A fired watch: which armed watch (`c:`/`d:`/`e:` + path) it was.
-pub(crate) struct Hint(pub(crate) String);
-
-/// The watches an event from the server may be the firing of: a child watch (`c:`) fires on
-/// a change of children, a data watch (`d:`, armed by reading data or by `exists`) on a change
-/// of data or a creation, the exists watch of a missing root (`e:`) on its creation, and all of
-/// them on a deletion. Session events (no path) are none.
-///
-/// Every watch is armed with the request's plain `watch` flag, so that the client library
-/// keeps nothing per watch: it hands every event to the client's default watcher, which routes
-/// it here. A watcher object per watch (the `_w` requests) would be kept by `zookeeper-async`
-/// (5.0.0) until its znode changes, never dropped on a reconnect or a session expiry, although
-/// the server forgets the watch with its connection: a znode that never changes would keep one
-/// more watcher after every reconnect, as every watch is armed again then.
-pub(crate) fn fired(ev: &WatchedEvent) -> Vec<Hint> {
-    let Some(path) = ev.path.as_deref() else {
-        return Vec::new();
-    };
-    let kinds: &[&str] = match ev.event_type {
-        WatchedEventType::NodeChildrenChanged => &["c:"],
-        WatchedEventType::NodeDataChanged => &["d:"],
-        WatchedEventType::NodeCreated => &["d:", "e:"],
-        WatchedEventType::NodeDeleted => &["c:", "d:", "e:"],
-        _ => &[],
-    };
-    kinds.iter().map(|k| Hint(format!("{k}{path}"))).collect()
-}
-
-/// Why a read failed.
-enum OpError {
-    /// The connection or session is gone: end the watch.
-    Fatal(RegistryError),
-    /// This znode cannot be read (reported as a problem).
-    Skip(String),
-}
-
-fn fatal(e: RegistryError) -> OpError {
-    OpError::Fatal(e)
-}
-
-/// Key of the child watch on `path` in [`Reader::armed`].
-pub(crate) fn child_key(path: &str) -> String {
-    format!("c:{path}")
-}
-
-/// Key of the data watch on `path` in [`Reader::armed`].
-pub(crate) fn data_key(path: &str) -> String {
-    format!("d:{path}")
-}
-
-/// What of a znode's `Stat` changes when its data, children or ACL change: equal stamps mean
-/// nothing was written to it in between (a znode deleted and created again has a new `czxid`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Stamp {
-    czxid: i64,
-    mzxid: i64,
-    pzxid: i64,
-    version: i32,
-    cversion: i32,
-    aversion: i32,
-}
-
-impl Stamp {
-    fn of(st: &Stat) -> Self {
-        Self {
-            czxid: st.czxid,
-            mzxid: st.mzxid,
-            pzxid: st.pzxid,
-            version: st.version,
-            cversion: st.cversion,
-            aversion: st.aversion,
-        }
-    }
-}
-
-/// What a directory listing does with the directory's stamp.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Stamping {
-    /// An `exists` first, recorded (a full list).
-    Before,
-    /// A check has just recorded it.
-    Keep,
-    /// Forgotten (a fired watch: the next check lists it again, stamped).
-    Forget,
-}
-
-/// Requests sent, by kind (never reset: a pass reports the difference).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Counts {
-    /// `exists` (stat only).
-    pub(crate) exists: u64,
-    /// Children listed.
-    pub(crate) lists: u64,
-    /// Data read.
-    pub(crate) data: u64,
-    /// Bytes of names listed and data read (an `exists` answers a fixed-size stat).
-    pub(crate) bytes: u64,
-}
-
-impl std::ops::Sub for Counts {
-    type Output = Counts;
-    fn sub(self, o: Counts) -> Counts {
-        Counts {
-            exists: self.exists - o.exists,
-            lists: self.lists - o.lists,
-            data: self.data - o.data,
-            bytes: self.bytes - o.bytes,
-        }
-    }
-}
-
-/// Which counter a request adds to.
-#[derive(Clone, Copy)]
-enum Req {
-    Exists,
-    List,
-    Data,
-    Auth,
-}
+use crate::requests::{Counts, OpError, Req, Requests};
+use crate::watches::{child_key, data_key, exists_key, Stamp, Stamping};
 
 /// How one watch reads ZooKeeper: its session, the read settings, and the watches its reads
 /// armed.
 pub(crate) struct Reader<'a> {
-    zk: Arc<ZooKeeper>,
-    request_timeout: Duration,
+    /// The session's requests: timeout, what a failure means, counts.
+    req: Requests,
     concurrency: usize,
     filters: &'a Filters,
     /// Watches armed and not fired yet: what they watch is known to be as read.
@@ -177,12 +52,6 @@ pub(crate) struct Reader<'a> {
     /// whether it may have been created again since it was read (its `czxid` changed, or it
     /// was not stamped before): their directory is dated again. Emptied by the next check.
     checked: HashMap<String, bool>,
-    /// A request failed because the connection was lost (the session may well be alive).
-    interrupted: AtomicBool,
-    exists: AtomicU64,
-    lists: AtomicU64,
-    data: AtomicU64,
-    bytes: AtomicU64,
 }
 
 impl<'a> Reader<'a> {
@@ -195,36 +64,31 @@ impl<'a> Reader<'a> {
         filters: &'a Filters,
     ) -> Self {
         Self {
-            zk,
-            request_timeout,
+            req: Requests::new(zk, request_timeout),
             concurrency,
             filters,
             armed: HashSet::new(),
             stamps: Mutex::new(HashMap::new()),
             stamping: Stamping::Forget,
             checked: HashMap::new(),
-            interrupted: AtomicBool::new(false),
-            exists: AtomicU64::new(0),
-            lists: AtomicU64::new(0),
-            data: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
         }
     }
 
     /// Requests sent so far.
     pub(crate) fn counts(&self) -> Counts {
-        Counts {
-            exists: self.exists.load(Ordering::Relaxed),
-            lists: self.lists.load(Ordering::Relaxed),
-            data: self.data.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-        }
+        self.req.counts()
     }
 
     /// Whether a request failed because the connection was lost since the last call: the
     /// failure then ends the pass, not the watch.
     pub(crate) fn take_interrupted(&self) -> bool {
-        self.interrupted.swap(false, Ordering::Relaxed)
+        self.req.take_interrupted()
+    }
+
+    /// Adds the digest credentials to the session (the client does not re-send them after a
+    /// reconnect either).
+    pub(crate) async fn add_auth(&self, digest: &str) -> Result<(), RegistryError> {
+        self.req.add_auth(digest).await
     }
 
     fn record(&self, path: &str, stamp: Option<Stamp>) {
@@ -258,83 +122,6 @@ impl<'a> Reader<'a> {
         self.armed.clear();
     }
 
-    /// Runs a ZooKeeper request with the request timeout and classifies its failure.
-    async fn op<T>(
-        &self,
-        req: Req,
-        what: &str,
-        fut: impl Future<Output = Result<T, ZkError>>,
-    ) -> Result<Option<T>, OpError> {
-        let counter = match req {
-            Req::Exists => Some(&self.exists),
-            Req::List => Some(&self.lists),
-            Req::Data => Some(&self.data),
-            Req::Auth => None,
-        };
-        if let Some(c) = counter {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-        self.classify(what, timeout(self.request_timeout, fut).await)
-    }
-
-    /// What a request's outcome means for the watch.
-    fn classify<T>(
-        &self,
-        what: &str,
-        r: Result<Result<T, ZkError>, tokio::time::error::Elapsed>,
-    ) -> Result<Option<T>, OpError> {
-        match r {
-            Err(_) => Err(fatal(RegistryError::Unavailable(format!(
-                "ZooKeeper request for {what} timed out after {:?}",
-                self.request_timeout
-            )))),
-            Ok(Ok(v)) => Ok(Some(v)),
-            Ok(Err(ZkError::NoNode)) => Ok(None),
-            Ok(Err(ZkError::NoAuth)) => Err(OpError::Skip(format!(
-                "zookeeper {what}: not readable with the configured credentials (NoAuth)"
-            ))),
-            Ok(Err(ZkError::AuthFailed)) => Err(fatal(RegistryError::Unauthorized(format!(
-                "ZooKeeper refused the digest credentials ({what})"
-            )))),
-            // The client reconnects by itself within the session (a leader election, a server
-            // restart): the pass ends here, the session re-arms once connected again.
-            Ok(Err(e @ (ZkError::ConnectionLoss | ZkError::SessionMoved))) => {
-                self.interrupted.store(true, Ordering::Relaxed);
-                Err(fatal(RegistryError::Unavailable(format!(
-                    "ZooKeeper request for {what} failed: {e:?}"
-                ))))
-            }
-            Ok(Err(
-                e @ (ZkError::SessionExpired
-                | ZkError::OperationTimeout
-                | ZkError::MarshallingError),
-            )) => Err(fatal(RegistryError::Unavailable(format!(
-                "ZooKeeper request for {what} failed: {e:?}"
-            )))),
-            Ok(Err(e)) => Err(OpError::Skip(format!(
-                "zookeeper {what}: cannot read ({e:?})"
-            ))),
-        }
-    }
-
-    /// Adds the digest credentials to the session (the client does not re-send them after a
-    /// reconnect either).
-    pub(crate) async fn add_auth(&self, digest: &str) -> Result<(), RegistryError> {
-        let zk = Arc::clone(&self.zk);
-        match self
-            .op(
-                Req::Auth,
-                "auth",
-                zk.add_auth("digest", digest.as_bytes().to_vec()),
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(OpError::Fatal(e)) => Err(e),
-            Err(OpError::Skip(p)) => Err(RegistryError::Unauthorized(p)),
-        }
-    }
-
     /// Children of `path`, arming a child watch unless one is armed; `None` if it is missing.
     /// Newly armed watch keys are pushed to `armed`. `stamping` says what happens to its stamp.
     async fn children(
@@ -344,20 +131,25 @@ impl<'a> Reader<'a> {
         stamping: Stamping,
     ) -> Result<Option<Vec<String>>, OpError> {
         let key = child_key(path);
-        let zk = &self.zk;
+        let zk = &self.req.zk;
         match stamping {
             Stamping::Before => {
-                let st = self.op(Req::Exists, path, zk.exists(path, false)).await?;
+                let st = self
+                    .req
+                    .op(Req::Exists, path, zk.exists(path, false))
+                    .await?;
                 self.record(path, st.as_ref().and_then(Option::as_ref).map(Stamp::of));
             }
             Stamping::Keep => {}
             Stamping::Forget => self.forget(path),
         }
         let r = if self.armed.contains(&key) {
-            self.op(Req::List, path, zk.get_children(path, false))
+            self.req
+                .op(Req::List, path, zk.get_children(path, false))
                 .await?
         } else {
             let r = self
+                .req
                 .op(Req::List, path, zk.get_children(path, true))
                 .await?;
             if r.is_some() {
@@ -366,7 +158,7 @@ impl<'a> Reader<'a> {
             r
         };
         let bytes: usize = r.iter().flatten().map(String::len).sum();
-        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.req.add_bytes(bytes);
         Ok(r)
     }
 
@@ -377,12 +169,12 @@ impl<'a> Reader<'a> {
         root: &str,
         layout: Layout,
     ) -> Result<(BTreeSet<Dir>, Vec<String>), RegistryError> {
-        let zk = Arc::clone(&self.zk);
-        let ekey = format!("e:{root}");
+        let zk = Arc::clone(&self.req.zk);
+        let ekey = exists_key(root);
         let exists = if self.armed.contains(&ekey) {
-            self.op(Req::Exists, root, zk.exists(root, false)).await
+            self.req.op(Req::Exists, root, zk.exists(root, false)).await
         } else {
-            let r = self.op(Req::Exists, root, zk.exists(root, true)).await;
+            let r = self.req.op(Req::Exists, root, zk.exists(root, true)).await;
             if r.is_ok() {
                 self.armed.insert(ekey);
             }
@@ -449,7 +241,8 @@ impl<'a> Reader<'a> {
             }
         }
         match self
-            .op(Req::Exists, path, self.zk.exists(path, false))
+            .req
+            .op(Req::Exists, path, self.req.zk.exists(path, false))
             .await
         {
             Ok(Some(Some(stat))) => Ok(Some(stat.czxid)),
@@ -562,13 +355,13 @@ impl<'a> Reader<'a> {
                 let p = join(&path, &id);
                 let key = data_key(&p);
                 let watch = !self.armed.contains(&key);
-                let zk = &self.zk;
+                let zk = &self.req.zk;
                 async move {
-                    let r = self.op(Req::Data, &p, zk.get_data(&p, watch)).await;
+                    let r = self.req.op(Req::Data, &p, zk.get_data(&p, watch)).await;
                     // The data comes with its stat: the stamp of what was read.
                     match &r {
                         Ok(Some((data, st))) => {
-                            self.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                            self.req.add_bytes(data.len());
                             self.record(&p, Some(Stamp::of(st)));
                         }
                         _ => self.forget(&p),
@@ -615,9 +408,10 @@ impl<'a> Reader<'a> {
             stream::iter(keys)
                 .map(|key| async move {
                     let path = key.get(2..).unwrap_or("/").to_string();
-                    let zk = &this.zk;
+                    let zk = &this.req.zk;
                     let data = key.starts_with("d:");
                     let r = this
+                        .req
                         .op(Req::Exists, &path, zk.exists(&path, rearm && data))
                         .await;
                     (key, path, data, r)
@@ -664,7 +458,7 @@ impl<'a> Reader<'a> {
     /// Whether the child watch `key` on `path` is armed, or (for a root that does not exist)
     /// the watch for its creation.
     fn watches(&self, key: &str, path: &str) -> bool {
-        self.armed.contains(key) || self.armed.contains(&format!("e:{path}"))
+        self.armed.contains(key) || self.armed.contains(&exists_key(path))
     }
 
     /// Reads directories concurrently and applies what they hold to `model`.
@@ -712,38 +506,4 @@ pub(crate) fn instances_to_read(
         })
         .cloned()
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use zookeeper_async::KeeperState;
-
-    fn keys(event_type: WatchedEventType, path: Option<&str>) -> Vec<String> {
-        let ev = WatchedEvent {
-            event_type,
-            keeper_state: KeeperState::SyncConnected,
-            path: path.map(str::to_string),
-        };
-        fired(&ev).into_iter().map(|Hint(k)| k).collect()
-    }
-
-    #[test]
-    fn events_map_to_the_watches_they_may_fire() {
-        use WatchedEventType as E;
-        assert_eq!(keys(E::NodeChildrenChanged, Some("/dubbo")), ["c:/dubbo"]);
-        assert_eq!(keys(E::NodeDataChanged, Some("/s/a/1")), ["d:/s/a/1"]);
-        assert_eq!(
-            keys(E::NodeCreated, Some("/dubbo")),
-            ["d:/dubbo", "e:/dubbo"]
-        );
-        assert_eq!(
-            keys(E::NodeDeleted, Some("/s/a")),
-            ["c:/s/a", "d:/s/a", "e:/s/a"]
-        );
-        assert!(
-            keys(E::None, None).is_empty(),
-            "session events fire nothing"
-        );
-    }
 }
