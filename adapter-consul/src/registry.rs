@@ -58,9 +58,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::client::{CheckState, ConsulClient, ConsulError, NodeState};
+use crate::client::{CheckState, ConsulClient, NodeState};
 use crate::config::{ConsulConfig, MAX_CONCURRENCY};
 use crate::convert::ConvertSettings;
+use crate::error::ConsulError;
 use crate::watch::{self, Kind, Signal};
 use mcp_core::filter::NameFilter;
 use mcp_core::problems::ProblemLedger;

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::client::{CheckState, ConsulClient, ConsulError, Indexed, NodeState};
+use crate::client::{CheckState, ConsulClient, Indexed, NodeState};
 use crate::convert::HealthEntry;
+use crate::error::ConsulError;
 
 /// Rate limit of one blocking-query loop (Consul's advice): a burst of [`BURST`] queries, then
 /// one per [`REFILL`]. An isolated change is seen at once; a Consul that changes all the time

@@ -8,8 +8,9 @@
 use futures::stream::{self, StreamExt};
 
 use super::Inner;
-use crate::client::{ConsulError, Indexed};
+use crate::client::Indexed;
 use crate::convert::HealthEntry;
+use crate::error::ConsulError;
 
 /// The outcome of looking at one service during a sweep.
 pub(super) enum Looked {

@@ -12,8 +12,9 @@ use mcp_core::{EventSender, RegistryError, RegistryEvent, Service, ServiceKey};
 use tokio::time::Instant;
 
 use super::Inner;
-use crate::client::{ConsulError, Indexed};
+use crate::client::Indexed;
 use crate::convert::{convert, HealthEntry};
+use crate::error::ConsulError;
 
 /// Delay before the first retry of a service that cannot be read.
 const RETRY_FIRST: Duration = Duration::from_millis(500);

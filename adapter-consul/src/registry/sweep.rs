@@ -14,7 +14,7 @@ use super::fetch::{How, Looked};
 use super::own_watch::OwnWatches;
 use super::service::{ServiceState, SCOPE_PREFIX};
 use super::{ended, Inner};
-use crate::client::ConsulError;
+use crate::error::ConsulError;
 
 /// Which services a sweep looks at.
 #[derive(Clone, Copy, Debug)]
