@@ -16,8 +16,8 @@
 # the repo's target/, in
 # ${MCP_PEERS_CACHE:-${XDG_CACHE_HOME:-~/.cache}/mcp-bridge-peers}/rnacos-0.8.8-debug-nodebuginfo
 # (like Go's build cache), so a fresh clone on a warm machine does not build it again;
-# OUTDIR/rnacos is a symlink to it. The registrar's artifacts come from Maven Central into ~/.m2 (later builds need
-# no network); the jar is rebuilt only when a source file here is newer than it.
+# OUTDIR/rnacos is a symlink to it. The registrar is built by tests/maven-jar.sh (only
+# when a source file of it is newer than the jar).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -47,21 +47,4 @@ else
 fi
 ln -sfn "$bin" "$out/rnacos"
 
-jar="$out/nacos-registrar.jar"
-if [ -f "$jar" ] && [ -z "$(find "$here/registrar/pom.xml" "$here/registrar/src" -newer "$jar" -print -quit)" ]; then
-  echo "up to date: $jar"
-  exit 0
-fi
-# The Maven build directory lives under OUTDIR, never in the source tree.
-start=$(date +%s)
-mvn -q -B -Dstyle.color=never -f "$here/registrar/pom.xml" -DskipTests \
-  -Dregistrar.build.dir="$out/maven" \
-  package
-built="$out/maven/nacos-registrar.jar"
-if [ ! -f "$built" ]; then
-  echo "maven produced no nacos-registrar.jar under $out/maven" >&2
-  exit 1
-fi
-cp "$built" "$jar.tmp"
-mv "$jar.tmp" "$jar"
-echo "built $jar in $(( $(date +%s) - start ))s"
+exec "$here/../maven-jar.sh" "$here/registrar" "$out" nacos-registrar.jar registrar.build.dir
