@@ -19,10 +19,10 @@ use std::time::{Duration, SystemTime};
 use mcp_core::model::{Service, ServiceKey};
 
 use crate::file_state::{Refreshed, Stamp};
-use crate::read::Reader;
+use crate::read::{ReadError, Reader};
 use crate::served::{Definitions, Delta, FileId, Touched};
 use crate::slots::{Entry, Slots};
-use crate::walk::{self, scope};
+use crate::walk::{self, scope, StatFailure};
 
 /// How long reads may take and how large files may be, and how long a removal must settle.
 #[derive(Clone, Copy, Debug)]
@@ -227,6 +227,15 @@ impl Scanner {
         }
         let read_at = SystemTime::now();
         let result = self.reader.read(path, meta);
+        if let Err(ReadError::Io(e)) = &result {
+            if matches!(walk::classify(path, e), StatFailure::Gone) {
+                // Deleted between the listing's stat and this read: a deletion, not a file
+                // that cannot be read. The next scan's listing finds it gone and removes its
+                // services and reports the path in one scan, in that order; reported here,
+                // the problem would go out a poll before the removal.
+                return (id, Refreshed::Same);
+            }
+        }
         let settle = self.settle;
         let (file, state) = self.slots.state(path, rank, id);
         state.read(stamp, read_at);
@@ -325,6 +334,60 @@ mod tests {
             1,
             "a second read of a stuck file"
         );
+    }
+
+    /// Set by the test that deletes a file while it is read.
+    static DELETE_BEFORE_READ: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+
+    /// A read that, when [`DELETE_BEFORE_READ`] is set, deletes the file first: the deletion
+    /// lands between the listing's stat and the read.
+    fn read_after_a_deletion(path: &Path, limit: u64) -> Result<String, ReadError> {
+        if DELETE_BEFORE_READ.load(std::sync::atomic::Ordering::SeqCst) {
+            fs::remove_file(path).expect("rm while reading");
+        }
+        crate::read::read_regular(path, limit)
+    }
+
+    #[test]
+    fn a_file_deleted_while_it_is_read_is_a_deletion_not_a_read_problem() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        write(&a, &se("web", 80));
+        let mut scanner = Scanner::with_reader(
+            vec![a.clone()],
+            Reader::with_read_fn(
+                LIMITS.read_timeout,
+                LIMITS.max_file_size,
+                read_after_a_deletion,
+            ),
+            LIMITS.settle,
+        );
+        assert!(scanner.scan().changed());
+        assert_eq!(names(&scanner), vec!["web"]);
+
+        DELETE_BEFORE_READ.store(true, std::sync::atomic::Ordering::SeqCst);
+        write(&a, &se("web", 8080));
+        let raced = scanner.scan();
+        DELETE_BEFORE_READ.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(!a.exists(), "the read deleted the file");
+        // Nothing yet: no "cannot read" problem, the services as they were.
+        assert!(!raced.changed() && !raced.problems, "{:?}", raced.changes);
+        assert_eq!(problems(&scanner), "{}");
+        assert_eq!(names(&scanner), vec!["web"]);
+
+        // The next scan: the removal and the missing path, together.
+        let gone = scanner.scan();
+        assert!(
+            matches!(&gone.changes, Changes::Some { upserts, removes } if upserts.is_empty() && removes.len() == 1),
+            "{:?}",
+            gone.changes
+        );
+        assert!(gone.problems);
+        assert!(names(&scanner).is_empty());
+        let p = problems(&scanner);
+        assert!(p.contains("does not exist"), "{p}");
+        assert!(!p.contains("cannot read"), "{p}");
     }
 
     #[test]
