@@ -26,14 +26,14 @@ pub(crate) fn fired(ev: &WatchedEvent) -> Vec<Hint> {
     let Some(path) = ev.path.as_deref() else {
         return Vec::new();
     };
-    let kinds: &[&str] = match ev.event_type {
-        WatchedEventType::NodeChildrenChanged => &["c:"],
-        WatchedEventType::NodeDataChanged => &["d:"],
-        WatchedEventType::NodeCreated => &["d:", "e:"],
-        WatchedEventType::NodeDeleted => &["c:", "d:", "e:"],
+    let keys: &[fn(&str) -> String] = match ev.event_type {
+        WatchedEventType::NodeChildrenChanged => &[child_key],
+        WatchedEventType::NodeDataChanged => &[data_key],
+        WatchedEventType::NodeCreated => &[data_key, exists_key],
+        WatchedEventType::NodeDeleted => &[child_key, data_key, exists_key],
         _ => &[],
     };
-    kinds.iter().map(|k| Hint(format!("{k}{path}"))).collect()
+    keys.iter().map(|key| Hint(key(path))).collect()
 }
 
 /// Key of the child watch on `path` in [`crate::reads::Reader`].
