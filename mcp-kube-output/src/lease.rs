@@ -182,6 +182,8 @@ pub async fn elect(
                 }
             }
         }
+        // After the outcome is in the status: a reader never sees "looked at" without it.
+        status.lock().lease_looked = true;
         publish(&cfg, &leader, &metrics, renewed.is_some());
         // A leader wakes at its deadline at the latest, so that leadership ends the moment it
         // passes even when the next look would come later.
@@ -581,6 +583,28 @@ mod tests {
         // Released: b takes it at its next look, not after an expiry.
         let led = b.until_leads(RETRY_PERIOD + SLACK).await;
         assert!(led - released <= RETRY_PERIOD, "{:?}", led - released);
+    }
+
+    /// Until its first look at the Lease, a replica does not claim that another holds it (a
+    /// second adapter's /registryz said "following" before it had seen the conflict).
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_says_following_or_conflict_only_after_its_first_look() {
+        let api = FakeApi::new();
+        let mut a = replica(&api, "a", "f1");
+        a.until_leads(SLACK).await;
+        let b = replica(&api, "b", "f1");
+        let c = replica(&api, "c", "f2");
+        for r in [&b, &c] {
+            let summary = r.status.lock().summary();
+            assert!(summary.starts_with("kube output: starting"), "{summary}");
+            assert!(!r.status.lock().failing());
+        }
+        tokio::time::sleep(SLACK).await;
+        let summary = b.status.lock().summary();
+        assert!(summary.starts_with("kube output: following"), "{summary}");
+        let summary = c.status.lock().summary();
+        assert!(summary.starts_with("kube output: not writing"), "{summary}");
+        assert!(c.status.lock().failing());
     }
 
     #[tokio::test(start_paused = true)]

@@ -78,6 +78,8 @@ pub type RegistrySynced = Arc<dyn Fn() -> bool + Send + Sync>;
 pub struct OutputStatus {
     /// This replica holds the Lease and writes.
     pub leader: bool,
+    /// The Lease has been looked at once (until then, who holds it is not known).
+    pub lease_looked: bool,
     /// The Lease (`namespace/name`) and this replica's identity in it.
     pub lease: String,
     /// This replica's identity.
@@ -161,6 +163,12 @@ impl OutputStatus {
         if let (false, Some(e)) = (self.leader, &self.lease_error) {
             return format!(
                 "kube output: not writing: cannot read or renew the Lease {} ({e})",
+                self.lease
+            );
+        }
+        if !self.leader && !self.lease_looked {
+            return format!(
+                "kube output: starting (Lease {} not looked at yet)",
                 self.lease
             );
         }

@@ -287,14 +287,16 @@ impl Adapter {
 
 /// Whether a 503 from /registryz says only that nothing has been tried yet: the registry line is
 /// `<registry> not synced yet` with no error, and the Kubernetes output's line, if any, reports
-/// no failure (a replica that follows, or a leader with nothing wrong; a conflict, a refused
-/// Lease or a write error is a report worth returning, even before the registry's first sync).
+/// no failure (one that has not looked at its Lease yet, a replica that follows, or a leader
+/// with nothing wrong; a conflict, a refused Lease or a write error is a report worth
+/// returning, even before the registry's first sync).
 fn only_not_synced_yet(body: &str) -> bool {
     let mut lines = body.lines();
     let registry_line = lines.next().unwrap_or_default();
     registry_line.ends_with(" not synced yet")
         && lines.all(|l| {
-            l.starts_with("kube output: following")
+            l.starts_with("kube output: starting")
+                || l.starts_with("kube output: following")
                 || (l.starts_with("kube output: leader")
                     && !l.contains("(last error")
                     && !l.contains("; "))
@@ -308,7 +310,9 @@ mod tests {
     #[test]
     fn the_start_up_503_is_told_from_a_report() {
         assert!(only_not_synced_yet("file not synced yet\n"));
-        // Seen in CI: a second replica's output follows before it has read the Lease's holder.
+        assert!(only_not_synced_yet(
+            "file not synced yet\nkube output: starting (Lease ns/mcp-adapter-file not looked at yet)\n"
+        ));
         assert!(only_not_synced_yet(
             "file not synced yet\nkube output: following (Lease ns/mcp-adapter-file held by another replica)\n"
         ));
