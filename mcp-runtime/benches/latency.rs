@@ -14,7 +14,8 @@
 mod common;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: mcp_runtime::heap::Counted<mimalloc::MiMalloc> =
+    mcp_runtime::heap::Counted(mimalloc::MiMalloc);
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

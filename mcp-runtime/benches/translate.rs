@@ -17,7 +17,8 @@ mod common;
 
 // The same allocator as the adapter binaries.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: mcp_runtime::heap::Counted<mimalloc::MiMalloc> =
+    mcp_runtime::heap::Counted(mimalloc::MiMalloc);
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

@@ -21,7 +21,8 @@
 mod common;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: mcp_runtime::heap::Counted<mimalloc::MiMalloc> =
+    mcp_runtime::heap::Counted(mimalloc::MiMalloc);
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};

@@ -229,6 +229,9 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
     for collector in registry.collectors() {
         metrics.register(collector)?;
     }
+    if let Some(heap) = crate::heap::LiveHeap::when_counting()? {
+        metrics.register(Box::new(heap))?;
+    }
     let source = args
         .source_name
         .clone()

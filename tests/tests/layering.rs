@@ -157,3 +157,43 @@ fn adapters_build_no_protobufs() {
         assert!(found.is_empty(), "{bin} depends on {found:?} itself");
     }
 }
+
+/// Every `.rs` file under `dir`, but build outputs and hidden directories.
+fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read a workspace directory") {
+        let path = entry.expect("directory entry").path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if path.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files(&path, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `unsafe` is denied in every crate (the workspace's lints) and allowed by one module only:
+/// the counting global allocator, which cannot be written without it.
+#[test]
+fn only_the_counting_allocator_allows_unsafe_code() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
+    let mut files = Vec::new();
+    rust_files(root, &mut files);
+    assert!(files.len() > 100, "{} files found", files.len());
+    let allowing: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .expect("read a source file")
+                .contains(concat!("allow(", "unsafe_code)"))
+        })
+        .map(|f| f.strip_prefix(root).unwrap_or(f).display().to_string())
+        .collect();
+    assert_eq!(allowing, ["mcp-runtime/src/heap.rs"]);
+}
