@@ -40,20 +40,27 @@ thread_local! {
 }
 
 /// Adds `delta` bytes to this thread's sum, moving it to the shared one once large.
+#[inline(always)]
 fn note(delta: i64) {
     let moved = PENDING.try_with(|p| {
         let sum = p.get() + delta;
-        if sum.abs() >= MOVE_BYTES {
-            LIVE.fetch_add(sum, Ordering::Relaxed);
-            p.set(0);
-        } else {
+        if sum.unsigned_abs() < MOVE_BYTES as u64 {
             p.set(sum);
+        } else {
+            p.set(0);
+            move_to_shared(sum);
         }
     });
     if moved.is_err() {
         // The thread is being torn down: straight to the shared sum.
-        LIVE.fetch_add(delta, Ordering::Relaxed);
+        move_to_shared(delta);
     }
+}
+
+/// Adds a thread's sum to the shared one (once per 16 KiB: kept out of the inlined path).
+#[inline(never)]
+fn move_to_shared(sum: i64) {
+    LIVE.fetch_add(sum, Ordering::Relaxed);
 }
 
 /// A global allocator that counts the bytes it hands out and takes back, around `A`.
@@ -61,8 +68,10 @@ fn note(delta: i64) {
 pub struct Counted<A>(pub A);
 
 impl<A> Counted<A> {
+    #[inline(always)]
     fn noted(&self, ptr: *mut u8, bytes: usize) -> *mut u8 {
         if !ptr.is_null() {
+            // A load of a line no thread writes after the first allocation: next to free.
             if !COUNTING.load(Ordering::Relaxed) {
                 COUNTING.store(true, Ordering::Relaxed);
             }

@@ -176,17 +176,18 @@ fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// `unsafe` is denied in every crate (the workspace's lints) and allowed by one module only:
-/// the counting global allocator, which cannot be written without it.
+/// `unsafe` is denied in every crate (the workspace's lints) and allowed by one module only, the
+/// counting global allocator, which cannot be written without it, and by its bench, which calls
+/// it directly.
 #[test]
-fn only_the_counting_allocator_allows_unsafe_code() {
+fn only_the_counting_allocator_and_its_bench_allow_unsafe_code() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the workspace root");
     let mut files = Vec::new();
     rust_files(root, &mut files);
     assert!(files.len() > 100, "{} files found", files.len());
-    let allowing: Vec<String> = files
+    let mut allowing: Vec<String> = files
         .iter()
         .filter(|f| {
             std::fs::read_to_string(f)
@@ -195,5 +196,12 @@ fn only_the_counting_allocator_allows_unsafe_code() {
         })
         .map(|f| f.strip_prefix(root).unwrap_or(f).display().to_string())
         .collect();
-    assert_eq!(allowing, ["mcp-runtime/src/heap.rs"]);
+    allowing.sort();
+    assert_eq!(
+        allowing,
+        [
+            "mcp-runtime/benches/heap_count.rs",
+            "mcp-runtime/src/heap.rs"
+        ]
+    );
 }
