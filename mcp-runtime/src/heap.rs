@@ -13,7 +13,8 @@
 //! allocation of every thread contend for one cache line. So the shared sum is off by up to
 //! 16 KiB per running thread (and a thread that ends takes its last, unmoved sum with it).
 //!
-//! The one module of the workspace that may use `unsafe`: `GlobalAlloc` is an unsafe trait.
+//! The one library module of the workspace that may use `unsafe` (`GlobalAlloc` is an unsafe
+//! trait); its bench, which calls it directly, is the one other file.
 
 #![allow(unsafe_code)]
 

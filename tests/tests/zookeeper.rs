@@ -1043,16 +1043,6 @@ fn a_directory_re_created_while_disconnected_is_re_dated() {
     }
 }
 
-/// Resident memory of `pid`, in KiB (`VmRSS`).
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// A number from the environment, else `default`.
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -1113,7 +1103,7 @@ fn reconnects_do_not_pile_up_watchers() {
     for _ in 0..reconnects {
         cut_and_rearm(&a, &proxy, || {});
         heap.push(a.metric("mcp_adapter_heap_bytes") as u64 / 1024);
-        rss.push(rss_kib(pid));
+        rss.push(mcp_core::testing::bench::Proc::Pid(pid).mem().rss_kib);
     }
     assert!(heap[0] > 0, "no mcp_adapter_heap_bytes on /metrics");
     let median = |s: &[u64]| {
