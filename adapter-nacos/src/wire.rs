@@ -95,6 +95,11 @@ impl Payload {
     }
 }
 
+/// The largest message Nacos' own Java client takes by default
+/// (`nacos.remote.client.grpc.maxinbound.message.size`, 10 MiB). tonic's own default, 4 MiB, is
+/// less than one push of a few thousand Dubbo instances with their metadata.
+pub const NACOS_CLIENT_MAX_MESSAGE: usize = 10 << 20;
+
 /// The two methods over one channel (one HTTP/2 connection: Nacos ties the unary requests to
 /// the stream by the connection they arrive on).
 #[derive(Clone, Debug)]
@@ -103,10 +108,13 @@ pub struct Rpc {
 }
 
 impl Rpc {
-    /// Over `channel`.
-    pub fn new(channel: Channel) -> Self {
+    /// Over `channel`, reading messages of up to `max_message` bytes (a larger one fails its
+    /// call, or ends the stream, with an error naming the size).
+    pub fn new(channel: Channel, max_message: usize) -> Self {
         Self {
-            grpc: tonic::client::Grpc::new(channel),
+            grpc: tonic::client::Grpc::new(channel)
+                .max_decoding_message_size(max_message)
+                .max_encoding_message_size(max_message),
         }
     }
 

@@ -11,24 +11,7 @@
 //! Curator / Spring / Dubbo 3 application names: the name itself when it is a lower-case DNS
 //! name (Spring's usual `waiter-service`), else the mapped name plus a hash of the original.
 
-use mcp_core::translate::naming::{is_dns_subdomain, map_dns_name, MAX_LABEL};
-
-/// FNV-1a, 32 bits: a short stable hash for names (not security relevant).
-pub fn fnv1a32(parts: &[&str]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            // A separator byte that cannot occur in UTF-8 text keeps ("a","bc") != ("ab","c").
-            h ^= 0xff;
-            h = h.wrapping_mul(0x0100_0193);
-        }
-        for b in p.bytes() {
-            h ^= u32::from(b);
-            h = h.wrapping_mul(0x0100_0193);
-        }
-    }
-    h
-}
+use mcp_core::translate::naming::{fnv1a32, is_dns_subdomain, label_with_hash, map_dns_name};
 
 fn is_plain_dns_name(s: &str) -> bool {
     s.len() <= 200 && is_dns_subdomain(s)
@@ -50,19 +33,10 @@ fn shorten(mapped: &str) -> Vec<String> {
 
 /// Appends `-{hash}` to the last label of a mapped dotted name, keeping it <= 63 bytes.
 fn with_hash(mapped: &str, hash: u32) -> String {
-    let suffix = format!("{hash:08x}");
     let mut labels = shorten(mapped);
     match labels.last_mut() {
-        Some(last) => {
-            last.truncate(MAX_LABEL - suffix.len() - 1);
-            let trimmed = last.trim_end_matches('-').to_string();
-            *last = if trimmed.is_empty() {
-                suffix
-            } else {
-                format!("{trimmed}-{suffix}")
-            };
-        }
-        None => labels.push(format!("z-{suffix}")),
+        Some(last) => *last = label_with_hash(last, hash),
+        None => labels.push(format!("z-{hash:08x}")),
     }
     labels.join(".")
 }

@@ -1,4 +1,4 @@
-//! Change-to-sink latency on a real Nacos server (rnacos), through Istio's own client: an
+//! Change-to-sink latency on the real Nacos 2.4.3 server, through Istio's own client: an
 //! instance is deregistered or registered again over the Open API; how long until the server's
 //! own push reaches a bare subscriber (the floor, measured in the same run: a gRPC session that
 //! only subscribes, as any Nacos client does) and until Istio's client stores the new endpoint
@@ -6,15 +6,17 @@
 //!
 //!     cargo build -p adapter-nacos && cargo bench -p e2e --bench nacos_latency
 //!
-//! (needs target/nacos/rnacos from tests/nacos/build.sh and target/adsc from
+//! (needs target/nacos/nacos-2.4.3 from tests/nacos/build.sh and target/adsc from
 //! tests/istio-adsc/build.sh).
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use adapter_nacos::http::parse_server;
-use adapter_nacos::session::{GrpcTls, Session, SessionEvent};
-use e2e::nacos::{Instance, Nacos, DEFAULT_GROUP};
+use adapter_nacos::inbox::Inbox;
+use adapter_nacos::session::{Connect, GrpcTls, Session};
+use adapter_nacos::wire::NACOS_CLIENT_MAX_MESSAGE;
+use e2e::nacos::{Instance, Nacos, Version, DEFAULT_GROUP};
 use e2e::{endpoint_addresses, item, Adapter, Adsc, IstioVersion};
 use latency::{histogram_of, p50_p99_ratios, print_quantiles};
 
@@ -32,31 +34,38 @@ fn floor_subscriber(nacos: &Nacos, out: mpsc::Sender<(Instant, usize)>) {
             .build()
             .expect("runtime");
         rt.block_on(async move {
-            let (tx, mut rx) = tokio::sync::mpsc::channel(64);
-            let mut session = Session::open(
-                &server,
-                &GrpcTls::default(),
-                "",
-                Duration::from_secs(10),
-                tx,
-            )
-            .await
-            .expect("floor session");
+            let inbox = std::sync::Arc::new(Inbox::default());
+            let connect = Connect {
+                server: &server,
+                tls: &GrpcTls::default(),
+                timeout: Duration::from_secs(10),
+                max_message: NACOS_CLIENT_MAX_MESSAGE,
+            };
+            let session = Session::open(&connect, "public", inbox.clone())
+                .await
+                .expect("floor session");
             session
+                .caller()
                 .subscribe(DEFAULT_GROUP, "orders", None)
                 .await
                 .expect("floor subscription");
-            while let Some(ev) = rx.recv().await {
-                match ev {
-                    SessionEvent::Push { info, .. } => {
-                        let n = info.hosts.iter().filter(|h| h.healthy && h.enabled).count();
-                        if out.send((Instant::now(), n)).is_err() {
-                            return;
-                        }
+            loop {
+                inbox.wait().await;
+                let taken = inbox.take();
+                // The server stopped at the end of the bench (during it, the main thread's wait
+                // for the next push fails and says so).
+                if taken.lost.is_some() {
+                    return;
+                }
+                for info in taken.pushes.into_values() {
+                    let n = info
+                        .hosts
+                        .iter()
+                        .filter(|h| h.as_ref().is_ok_and(|h| h.healthy && h.enabled))
+                        .count();
+                    if out.send((Instant::now(), n)).is_err() {
+                        return;
                     }
-                    // The server stopped at the end of the bench (during it, the main thread's
-                    // wait for the next push fails and says so).
-                    SessionEvent::Lost { .. } => return,
                 }
             }
         });
@@ -64,7 +73,7 @@ fn floor_subscriber(nacos: &Nacos, out: mpsc::Sender<(Instant, usize)>) {
 }
 
 fn main() {
-    let nacos = Nacos::start();
+    let nacos = Nacos::start(Version::V2);
     let keep = Instance::new("orders", "10.0.0.1", 8080);
     let flip = Instance::new("orders", "10.0.0.2", 8080);
     nacos.register(&keep);

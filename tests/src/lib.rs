@@ -21,6 +21,7 @@ pub mod kube_output;
 pub mod load;
 pub mod mesh;
 pub mod nacos;
+pub mod nacos_clients;
 pub mod netns;
 pub mod pki;
 pub mod podman;
@@ -134,6 +135,18 @@ pub fn free_addrs(n: u16) -> SocketAddr {
 /// other peers started beside it). Ports here come from a range no connection uses, each handed
 /// out once per process (a counter), and only if nothing listens on it now.
 pub fn free_addr() -> SocketAddr {
+    free_addr_with(&[0])
+}
+
+/// Ports handed out by [`free_addr_with`] beside the one it returns: never handed out again.
+static RESERVED: std::sync::Mutex<std::collections::BTreeSet<u32>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// [`free_addr`] for a peer that listens on several ports at fixed distances from the one it is
+/// given (Nacos: `P`, `P + 1000`, `P + 1001`, `P - 1000`): a port `P` such that `P + offset`
+/// is free for every offset, all in the range [`free_addr`] draws from. The other ports are
+/// reserved: this process hands none of them out again.
+pub fn free_addr_with(offsets: &[i32]) -> SocketAddr {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
     // The ephemeral range (`32768 60999` by default); ours is the 11,000 ports below it, above
@@ -155,14 +168,30 @@ pub fn free_addr() -> SocketAddr {
         Ordering::SeqCst,
         Ordering::SeqCst,
     );
+    let mut reserved = RESERVED.lock().unwrap_or_else(|p| p.into_inner());
+    let bindable = |port: u32| {
+        u16::try_from(port)
+            .is_ok_and(|p| TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], p))).is_ok())
+    };
     for _ in 0..size {
         let port = base + NEXT.fetch_add(1, Ordering::SeqCst) % size;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port as u16));
-        if TcpListener::bind(addr).is_ok() {
-            return addr;
+        let all: Option<Vec<u32>> = offsets
+            .iter()
+            .map(|o| port.checked_add_signed(*o))
+            .map(|p| p.filter(|p| (base..base + size).contains(p)))
+            .collect();
+        let Some(all) = all else {
+            continue;
+        };
+        if all.iter().all(|p| !reserved.contains(p) && bindable(*p)) {
+            reserved.extend(all.iter().filter(|p| **p != port));
+            return SocketAddr::from(([127, 0, 0, 1], port as u16));
         }
     }
-    panic!("no free port in 127.0.0.1:{base}-{}", base + size - 1);
+    panic!(
+        "no free ports at {offsets:?} from one in 127.0.0.1:{base}-{}",
+        base + size - 1
+    );
 }
 
 /// Minimal HTTP GET: (status, body).

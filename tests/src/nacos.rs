@@ -1,90 +1,144 @@
-//! A Nacos server on free loopback ports for the end-to-end tests, and the two ways services
-//! register with one.
+//! The real Nacos server, 2.4.3 and 3.0.3, on free loopback ports for the end-to-end tests, and
+//! its HTTP API as operators and 1.x clients use it. The Java clients that register over gRPC
+//! are in [`crate::nacos_clients`].
 //!
-//! The server is rnacos 0.8.8 (`$NACOS_BIN`, default `target/nacos/rnacos`, installed by
-//! `tests/nacos/build.sh`): a Nacos server re-implemented in Rust that speaks Nacos' 1.x HTTP
-//! Open API and 2.x gRPC protocol. The real Nacos server cannot be had here (Maven Central serves
-//! only its client side). [`Nacos`] drives the 1.x HTTP Open API (persistent instances, as
-//! operators and 1.x clients write them); [`Registrar`] drives the official Java client
-//! (`com.alibaba.nacos:nacos-client` 2.4.3, `$NACOS_REGISTRAR_JAR`, default
-//! `target/nacos/nacos-registrar.jar`), which registers ephemeral instances over gRPC the way a
-//! Spring Cloud Alibaba or Dubbo service does: they live as long as its connection.
+//! The servers are upstream's, built from the source tarballs by `tests/nacos/build-server.sh`
+//! into `target/nacos/nacos-<version>`, laid out as an unpacked release; `NACOS2_HOME` /
+//! `NACOS3_HOME` point the harness at a release of one's own instead (its `target/` jar and
+//! `conf/application.properties` are used as they are). Each server runs standalone with its
+//! embedded database in a temporary directory (`--spring.config.additional-location` over a
+//! copy of the release's `application.properties`), 3.x with its console on HTTP port + 2000
+//! (its `nacos.deployment.type=server`, the server alone, fails to build the console's beans in
+//! standalone mode and tears down executors the naming module shares: persistent registrations
+//! then fail with "rejected from ... Terminated").
 //!
-//! Where rnacos differs from Nacos (seen in its source and in `tests/tests/nacos_server.rs`):
-//! - `GET /nacos/v1/ns/instance/list` answers only healthy instances unless `healthyOnly=false`
-//!   (Nacos: all); [`Nacos::list`] asks for all.
-//! - `healthy=false` on register or update is ignored; `enabled=false` hides an instance from
-//!   `instance/list` altogether.
-//! - An update that sets the weight to 1.0 leaves the weight as it was (rnacos takes 1.0 for "no
-//!   weight given"); an update with empty metadata keeps the old metadata.
-//! - Persistent instances are TCP-probed every 60 s and marked unhealthy when nothing listens on
-//!   their port. The harness turns the probe off
-//!   (`RNACOS_NAMING_PERPETUAL_INSTANCE_PROBE_INTERVAL_SECOND=0`), so tests can register
-//!   instances at addresses where nothing runs; [`Nacos::start_with`] can turn it back on.
-//! - It stops on SIGINT; SIGTERM starts a graceful shutdown that takes many seconds.
+//! A JVM start takes 15-40 s on two busy cores, so a test file starts one server per version
+//! ([`Nacos::shared`]) and each of its tests works in a namespace (or services) of its own;
+//! only a test that stops, restarts or reconfigures a server starts its own.
+//!
+//! What the harness does to every server (and why):
+//! - sets the initial admin password (`nacos`/[`ADMIN_PASSWORD`]): 3.x's admin API wants a login
+//!   even with auth off, and tests use the same admin on both lines;
+//! - turns the server's health checks of persistent instances off (the `check` switch), unless
+//!   a test asks for them: persistent instances are then as healthy as registered, so tests can
+//!   register documentation addresses (10.0.0.1) and `healthy=false` where nothing listens. A
+//!   server with checks on ([`Options::health_checks`]) marks an instance whose port does not
+//!   accept a TCP connection unhealthy within about 15 s, as in production.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::{free_addr, http, peer_file, tail, wait_for, Process};
+use crate::{free_addr_with, http, wait_for, Process};
 
-/// The server binary.
-pub fn rnacos_bin() -> PathBuf {
-    peer_file(
-        "NACOS_BIN",
-        "nacos/rnacos",
-        "tests/nacos/build.sh target/nacos",
-    )
-}
-
-/// The Java registrar (the official client driven over stdin).
-pub fn registrar_jar() -> PathBuf {
-    peer_file(
-        "NACOS_REGISTRAR_JAR",
-        "nacos/nacos-registrar.jar",
-        "tests/nacos/build.sh target/nacos",
-    )
-}
-
-/// How long a start may take: a debug build on two busy cores, its Raft store opening first.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How long rnacos may take to exit after SIGINT.
-const STOP_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Nacos 2.x clients connect to gRPC at the HTTP port plus this (they are given only the HTTP
-/// address), so the server must listen there.
-const GRPC_OFFSET: u16 = 1000;
+/// The admin user's password on every harness server (user `nacos`).
+pub const ADMIN_PASSWORD: &str = "nacos-Adm1n-pw";
+/// The admin user (Nacos' initial admin is always `nacos`).
+pub const ADMIN_USER: &str = "nacos";
 
 /// The default group of Nacos services.
 pub const DEFAULT_GROUP: &str = "DEFAULT_GROUP";
 
-/// A running rnacos, stopped on drop (SIGINT, then SIGKILL if it lingers).
-pub struct Nacos {
-    process: Process,
-    http: SocketAddr,
-    /// Holds the data directory (`data/`), the log and the empty env file, across restarts.
-    dir: tempfile::TempDir,
-    /// Extra `RNACOS_*` settings, kept for restarts.
-    env: Vec<(String, String)>,
-    /// User and password when the Open API requires a login.
-    auth: Option<(String, String)>,
-    /// The access token of the current run, sent with every request of the harness.
-    token: Option<String>,
+/// How long a start may take: a JVM on two busy cores.
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// How long a stop may take (SIGTERM: Nacos' shutdown hooks).
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Nacos 2.x clients connect to gRPC at the HTTP port plus this.
+pub const GRPC_OFFSET: u16 = 1000;
+
+/// Where a 3.x server's console listens: the HTTP port plus this (2.x serves its console on the
+/// HTTP port).
+const CONSOLE_OFFSET: u16 = 2000;
+
+/// A Nacos line the tests run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Version {
+    /// 2.4.3, the most deployed 2.x line.
+    V2,
+    /// 3.0.3, the current line.
+    V3,
 }
 
-/// One instance to register over the HTTP Open API.
+impl Version {
+    /// Both, in order.
+    pub const ALL: [Version; 2] = [Version::V2, Version::V3];
+
+    /// `2.4.3` / `3.0.3`.
+    pub fn number(self) -> &'static str {
+        match self {
+            Version::V2 => "2.4.3",
+            Version::V3 => "3.0.3",
+        }
+    }
+
+    /// The release directory: `$NACOS2_HOME` / `$NACOS3_HOME`, else what
+    /// `tests/nacos/build-server.sh` built into `target/nacos/nacos-<version>`.
+    pub fn home(self) -> PathBuf {
+        let env = match self {
+            Version::V2 => "NACOS2_HOME",
+            Version::V3 => "NACOS3_HOME",
+        };
+        let home = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+            crate::target_dir()
+                .parent()
+                .map(|t| t.join(format!("nacos/nacos-{}", self.number())))
+                .unwrap_or_default()
+        });
+        assert!(
+            home.join("target/nacos-server.jar").exists(),
+            "no Nacos {} at {} (target/nacos-server.jar): build it with tests/nacos/build-server.sh target/nacos {} (the README's test command does), or point {env} at an unpacked release",
+            self.number(),
+            home.display(),
+            self.number()
+        );
+        home
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Nacos {}", self.number())
+    }
+}
+
+/// How a server is configured.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// `nacos.core.auth.enabled=true`: every request needs a token.
+    pub auth: bool,
+    /// Tokens' lifetime in seconds (`nacos.core.auth.plugin.nacos.token.expire.seconds`).
+    pub token_ttl: Option<u64>,
+    /// Keep the server's health checks of persistent instances on.
+    pub health_checks: bool,
+}
+
+/// A running Nacos server, stopped on drop.
+pub struct Nacos {
+    version: Version,
+    options: Options,
+    process: Process,
+    /// Kills the server when the test process ends, whoever holds it (see [`Nacos::shared`]).
+    lifeline: Mutex<Option<Child>>,
+    http: SocketAddr,
+    dir: tempfile::TempDir,
+    /// The admin's access token.
+    token: Mutex<Option<String>>,
+    /// The admin's password now ([`ADMIN_PASSWORD`] unless a test changed it).
+    admin_password: Mutex<String>,
+}
+
+/// One instance to register over the HTTP API.
 #[derive(Clone, Debug)]
 pub struct Instance {
     /// Service name (without the group).
     pub service: String,
     /// Group; [`DEFAULT_GROUP`] unless set.
     pub group: String,
-    /// Namespace id; empty is the `public` namespace.
+    /// Namespace id; `public` unless set.
     pub namespace: String,
     /// IP (sent as given).
     pub ip: String,
@@ -94,28 +148,27 @@ pub struct Instance {
     pub weight: f64,
     /// Metadata, sent as a JSON object.
     pub metadata: Vec<(String, String)>,
-    /// Ephemeral instances need heartbeats (rnacos drops one without them after ~35 s); false
-    /// by default, so tests need none: a persistent instance stays until it is deregistered.
-    pub ephemeral: bool,
-    /// Enabled; rnacos hides a disabled instance from `instance/list`.
+    /// Healthy as registered (persistent instances keep it while health checks are off).
+    pub healthy: bool,
+    /// Enabled.
     pub enabled: bool,
     /// Cluster; `DEFAULT` unless set.
     pub cluster: String,
 }
 
 impl Instance {
-    /// A persistent, enabled instance of `service` on `ip:port` in the public namespace, group
-    /// [`DEFAULT_GROUP`], cluster `DEFAULT`, weight 1, no metadata.
+    /// A persistent, healthy, enabled instance of `service` on `ip:port` in the public
+    /// namespace, group [`DEFAULT_GROUP`], cluster `DEFAULT`, weight 1, no metadata.
     pub fn new(service: &str, ip: &str, port: u16) -> Self {
         Self {
             service: service.to_string(),
             group: DEFAULT_GROUP.to_string(),
-            namespace: String::new(),
+            namespace: "public".to_string(),
             ip: ip.to_string(),
             port,
             weight: 1.0,
             metadata: Vec::new(),
-            ephemeral: false,
+            healthy: true,
             enabled: true,
             cluster: "DEFAULT".to_string(),
         }
@@ -145,9 +198,9 @@ impl Instance {
         self
     }
 
-    /// The same, ephemeral or persistent.
-    pub fn ephemeral(mut self, ephemeral: bool) -> Self {
-        self.ephemeral = ephemeral;
+    /// The same, healthy or not.
+    pub fn healthy(mut self, healthy: bool) -> Self {
+        self.healthy = healthy;
         self
     }
 
@@ -163,7 +216,7 @@ impl Instance {
         self
     }
 
-    /// The metadata as the JSON object the Open API takes.
+    /// The metadata as the JSON object the API takes.
     pub fn metadata_json(&self) -> String {
         serde_json::Value::Object(
             self.metadata
@@ -174,29 +227,26 @@ impl Instance {
         .to_string()
     }
 
-    /// The Open API parameters that name the instance.
+    /// The parameters that name the instance.
     fn key_params(&self) -> Vec<(&'static str, String)> {
-        let mut p = vec![
+        vec![
             ("serviceName", self.service.clone()),
             ("groupName", self.group.clone()),
+            ("namespaceId", self.namespace.clone()),
             ("ip", self.ip.clone()),
             ("port", self.port.to_string()),
             ("clusterName", self.cluster.clone()),
-            ("ephemeral", self.ephemeral.to_string()),
-        ];
-        if !self.namespace.is_empty() {
-            p.push(("namespaceId", self.namespace.clone()));
-        }
-        p
+            ("ephemeral", "false".to_string()),
+        ]
     }
 
-    /// Every Open API parameter of the instance.
+    /// Every parameter of the instance.
     fn params(&self) -> Vec<(&'static str, String)> {
         let mut p = self.key_params();
         p.extend([
             ("weight", self.weight.to_string()),
             ("enabled", self.enabled.to_string()),
-            ("healthy", "true".to_string()),
+            ("healthy", self.healthy.to_string()),
             ("metadata", self.metadata_json()),
         ]);
         p
@@ -222,152 +272,217 @@ pub fn query(params: &[(&str, String)]) -> String {
         .join("&")
 }
 
+/// One server per version for the whole test process (see [`Nacos::shared`]).
+static SHARED: [OnceLock<Nacos>; 2] = [OnceLock::new(), OnceLock::new()];
+
 impl Nacos {
-    /// rnacos on free loopback ports (HTTP `P`, gRPC `P + 1000`, no console), its data in a
-    /// temporary directory, its Open API open to all; returns once it answers.
-    pub fn start() -> Nacos {
-        Self::launch(Vec::new(), None)
+    /// A server of `version` with the default options, ready.
+    pub fn start(version: Version) -> Nacos {
+        Self::start_with(version, Options::default())
     }
 
-    /// [`Nacos::start`] with extra `RNACOS_*` settings (`("RNACOS_NAMING_INSTANCE_TIMEOUT_SECOND",
-    /// "20")`), kept for restarts; they override the harness's own.
-    pub fn start_with(env: &[(&str, &str)]) -> Nacos {
-        Self::launch(
-            env.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            None,
-        )
-    }
-
-    /// A server whose Open API (everything under `/nacos/`) and gRPC API (rnacos checks the
-    /// token of gRPC requests too) require a login as `user`/`password` (the initial admin
-    /// user). The harness logs in (`POST /nacos/v1/auth/login`) after each start and sends the
-    /// token with its requests; a [`Registrar`] logs in with the same credentials.
-    pub fn start_with_auth(user: &str, password: &str) -> Nacos {
-        Self::start_with_auth_env(user, password, &[])
-    }
-
-    /// [`Nacos::start_with_auth`] with extra `RNACOS_*` settings (`RNACOS_API_LOGIN_TIMEOUT`:
-    /// the tokens' lifetime in seconds).
-    pub fn start_with_auth_env(user: &str, password: &str, env: &[(&str, &str)]) -> Nacos {
-        let mut all: Vec<(String, String)> = vec![
-            ("RNACOS_ENABLE_OPEN_API_AUTH".into(), "true".into()),
-            ("RNACOS_INIT_ADMIN_USERNAME".into(), user.into()),
-            ("RNACOS_INIT_ADMIN_PASSWORD".into(), password.into()),
-        ];
-        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        Self::launch(all, Some((user.to_string(), password.to_string())))
-    }
-
-    fn launch(env: Vec<(String, String)>, auth: Option<(String, String)>) -> Nacos {
+    /// A server of `version` configured by `options`, ready: it answers, its admin can log in,
+    /// its health checks are as asked.
+    pub fn start_with(version: Version, options: Options) -> Nacos {
         let dir = tempfile::tempdir().expect("tempdir");
-        // An empty env file: without `--env-file` rnacos reads `.env` from its working
-        // directory or any directory above it.
-        std::fs::write(dir.path().join("empty.env"), "").expect("write empty.env");
         let mut n = Nacos {
-            process: Process::new("rnacos", dir.path(), Duration::from_millis(100)),
+            version,
+            options,
+            process: Process::new("nacos", dir.path(), Duration::from_millis(250)),
+            lifeline: Mutex::new(None),
             http: free_http_addr(),
             dir,
-            env,
-            auth,
-            token: None,
+            token: Mutex::new(None),
+            admin_password: Mutex::new(ADMIN_PASSWORD.to_string()),
         };
-        n.spawn(true);
+        n.configure();
+        n.spawn();
+        n.prepare();
         n
     }
 
-    /// Starts rnacos and waits until it answers; `fresh`: its data directory holds nothing
-    /// worth keeping (the first start).
-    ///
-    /// rnacos 0.8.8 has a start-up race: on a first start its Raft initialisation may apply an
-    /// entry before the actor that applies entries is wired, which panics that actor (its log:
-    /// `panicked at .../raftapply.rs`); the server then answers, but every write through Raft
-    /// (persistent instances, namespaces) fails with "Mailbox has closed". Seen in 1 of 6
-    /// starts. The panic comes before the HTTP port is bound, so a run whose log has one by the
-    /// time the server answers is stopped and started again.
-    fn spawn(&mut self, fresh: bool) {
-        const ATTEMPTS: usize = 5;
-        for attempt in 1..=ATTEMPTS {
-            let logged = self.process.log().len();
-            self.spawn_once();
-            let run = self.process.log().get(logged..).unwrap_or("").to_string();
-            if !run.contains("panicked at") {
-                break;
-            }
-            assert!(
-                attempt < ATTEMPTS,
-                "rnacos panicked at start {ATTEMPTS} times; its log:\n{}",
-                tail(&run, 60)
-            );
-            eprintln!("rnacos panicked while starting (attempt {attempt}); starting it again");
-            self.process.kill();
-            if fresh {
-                let _ = std::fs::remove_dir_all(self.data_dir());
-            }
-        }
-        self.token = None;
-        if let Some((user, password)) = self.auth.clone() {
-            // The initial admin user is written through Raft too; retry until it is there.
-            let token = wait_for(Duration::from_secs(30), "a login to rnacos", || {
-                self.login(&user, &password)
-            });
-            self.token = Some(token);
-        }
+    /// The one server of `version` this test process shares (default options), started by
+    /// the first test that asks. It is never dropped: a small watchdog process, reading a pipe
+    /// from this process, kills it when the test process ends however it ends.
+    pub fn shared(version: Version) -> &'static Nacos {
+        let slot = match version {
+            Version::V2 => &SHARED[0],
+            Version::V3 => &SHARED[1],
+        };
+        slot.get_or_init(|| Nacos::start(version))
     }
 
-    /// One start: spawns rnacos and waits until it answers.
-    fn spawn_once(&mut self) {
-        let mut cmd = Command::new(rnacos_bin());
-        cmd.arg("--env-file")
-            .arg(self.dir.path().join("empty.env"))
-            .current_dir(self.dir.path());
-        // The caller's own RNACOS_* settings must not leak in.
-        for (k, _) in std::env::vars() {
-            if k.starts_with("RNACOS_") {
-                cmd.env_remove(k);
-            }
+    /// The version.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// `conf/application.properties`: the release's, with the harness's settings appended
+    /// (later lines win).
+    fn configure(&self) {
+        let home = self.version.home();
+        let base = std::fs::read_to_string(home.join("conf/application.properties"))
+            .expect("the release's conf/application.properties");
+        let conf = self.dir.path().join("conf");
+        std::fs::create_dir_all(&conf).expect("conf dir");
+        let mut extra = vec![
+            // The release leaves these empty; 3.x refuses to start without them even with auth
+            // off, 2.x wants them once auth is on. A key of 48 random-looking bytes, base64.
+            (
+                "nacos.core.auth.plugin.nacos.token.secret.key",
+                "bWNwLWFkYXB0ZXJzLXRlc3RzLW5hY29zLXNlY3JldC1rZXktb2YtNDgtYnl0ZXMhIQ==".to_string(),
+            ),
+            ("nacos.core.auth.server.identity.key", "mcp-tests".into()),
+            (
+                "nacos.core.auth.server.identity.value",
+                "mcp-tests-identity".into(),
+            ),
+            ("nacos.core.auth.enabled", self.options.auth.to_string()),
+        ];
+        if let Some(ttl) = self.options.token_ttl {
+            extra.push((
+                "nacos.core.auth.plugin.nacos.token.expire.seconds",
+                ttl.to_string(),
+            ));
         }
-        cmd.env("RNACOS_SDK_HOST", "127.0.0.1")
-            .env("RNACOS_HTTP_PORT", self.http.port().to_string())
-            .env("RNACOS_GRPC_PORT", self.grpc_port().to_string())
-            // 0: no console server (its default port is HTTP + 2000).
-            .env("RNACOS_HTTP_CONSOLE_PORT", "0")
-            .env("RNACOS_DATA_DIR", self.dir.path().join("data"))
-            .env(
-                "RNACOS_NAMING_PERPETUAL_INSTANCE_PROBE_INTERVAL_SECOND",
-                "0",
-            )
-            .env("RUST_LOG", "info");
-        for (k, v) in &self.env {
-            cmd.env(k, v);
+        let mut text = base;
+        text.push_str("\n# tests/src/nacos.rs\n");
+        for (k, v) in extra {
+            text.push_str(&format!("{k}={v}\n"));
         }
+        std::fs::write(conf.join("application.properties"), text).expect("write conf");
+    }
+
+    /// Starts the JVM and waits until the server answers.
+    fn spawn(&mut self) {
+        let home = self.version.home();
+        let dir = self.dir.path();
+        let port_flag = match self.version {
+            Version::V2 => "-Dserver.port",
+            Version::V3 => "-Dnacos.server.main.port",
+        };
+        let console = self.http.port() + CONSOLE_OFFSET;
+        let mut cmd = Command::new("java");
+        // C1 only and the serial collector: a JVM that starts in half the time on two busy
+        // cores; the heap as the release's standalone script sets it.
+        cmd.args([
+            "-Xms256m",
+            "-Xmx512m",
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UseSerialGC",
+            "-Dnacos.standalone=true",
+        ])
+        .arg(format!("-Dnacos.home={}", dir.display()))
+        .arg(format!("-Dnacos.logs.path={}", dir.join("logs").display()))
+        .arg(format!("{port_flag}={}", self.http.port()))
+        .arg(format!("-Dnacos.console.port={console}"))
+        .arg("-jar")
+        .arg(home.join("target/nacos-server.jar"))
+        .arg(format!(
+            "--spring.config.additional-location=file:{}/",
+            dir.join("conf").display()
+        ))
+        .current_dir(dir);
         self.process.spawn(&mut cmd);
+        self.tie_to_this_process();
         let grpc = SocketAddr::from(([127, 0, 0, 1], self.grpc_port()));
-        // /health (outside /nacos/, so open even with auth on) is 200 once rnacos' own checks,
-        // its Raft store's among them, pass.
         self.process.wait_until(
             START_TIMEOUT,
-            "200 from GET /health and the gRPC port listening",
+            "an answer to GET /nacos/v1/ns/operator/metrics and the gRPC port listening",
             || {
-                http(self.http, "GET", "/health", &[], "").is_ok_and(|(s, _)| s == 200)
+                http(self.http, "GET", "/nacos/v1/ns/operator/metrics", &[], "")
+                    .is_ok_and(|(s, b)| s == 200 && b.contains("UP"))
                     && TcpStream::connect_timeout(&grpc, Duration::from_secs(1)).is_ok()
             },
         );
     }
 
-    /// `POST /nacos/v1/auth/login`: the access token, or None when refused. With auth off
-    /// rnacos answers a placeholder token for any user.
-    pub fn login(&self, user: &str, password: &str) -> Option<String> {
-        let body = query(&[("username", user.into()), ("password", password.into())]);
-        let (status, resp) = http(
+    /// A watchdog that kills the server when this process ends: `sh` blocks reading a pipe
+    /// whose other end only this process holds (Rust opens it close-on-exec); the pipe closes
+    /// when the process exits, however it exits, and `sh` kills the server.
+    fn tie_to_this_process(&self) {
+        let Some(pid) = self.process.pid() else {
+            return;
+        };
+        let watchdog = Command::new("sh")
+            .args(["-c", &format!("read _ ; kill -9 {pid} 2>/dev/null")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the watchdog");
+        if let Some(mut old) = self.lifeline().replace(watchdog) {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+    }
+
+    fn lifeline(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.lifeline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The admin password set and usable, health checks as asked.
+    fn prepare(&self) {
+        *self.token() = None;
+        let path = match self.version {
+            Version::V2 => "/nacos/v1/auth/users/admin",
+            Version::V3 => "/nacos/v3/auth/user/admin",
+        };
+        // Once per data directory: a restarted server answers that an admin exists.
+        let body = query(&[("password", ADMIN_PASSWORD.to_string())]);
+        let _ = http(
             self.http,
             "POST",
-            "/nacos/v1/auth/login",
+            path,
             &[("Content-Type", "application/x-www-form-urlencoded")],
             &body,
-        )
-        .ok()?;
+        );
+        // The user cache is refreshed every few seconds: the first logins may not find it.
+        let password = self.admin_password();
+        let token = wait_for(
+            Duration::from_secs(60),
+            "a login as the Nacos admin",
+            || self.login(ADMIN_USER, &password),
+        );
+        *self.token() = Some(token);
+        if !self.options.health_checks {
+            self.set_switch("check", "false");
+        }
+    }
+
+    fn token(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.token.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn admin_password(&self) -> String {
+        self.admin_password
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A naming switch (`check`: health checks of persistent instances), until the server
+    /// shows it (switches are applied through its consistency layer).
+    pub fn set_switch(&self, entry: &str, value: &str) {
+        let path = match self.version {
+            Version::V2 => "/nacos/v1/ns/operator/switches",
+            Version::V3 => "/nacos/v3/admin/ns/ops/switches",
+        };
+        let params = [("entry", entry.to_string()), ("value", value.to_string())];
+        wait_for(
+            Duration::from_secs(60),
+            &format!("the {entry} switch set"),
+            || {
+                let (status, body) = self.call("PUT", path, &params);
+                (status == 200 && body.contains("ok")).then_some(())
+            },
+        );
+    }
+
+    /// `POST /nacos/v1/auth/login` (3.x: `/nacos/v3/auth/user/login` too): the access token,
+    /// or None when refused.
+    pub fn login(&self, user: &str, password: &str) -> Option<String> {
+        let (status, resp) = self.login_answer(user, password)?;
         if status != 200 {
             return None;
         }
@@ -375,7 +490,24 @@ impl Nacos {
         v["accessToken"].as_str().map(str::to_string)
     }
 
-    /// The HTTP (Open API) address.
+    /// The login's answer: `(status, body)`.
+    fn login_answer(&self, user: &str, password: &str) -> Option<(u16, String)> {
+        let body = query(&[("username", user.into()), ("password", password.into())]);
+        let path = match self.version {
+            Version::V2 => "/nacos/v1/auth/login",
+            Version::V3 => "/nacos/v3/auth/user/login",
+        };
+        http(
+            self.http,
+            "POST",
+            path,
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            &body,
+        )
+        .ok()
+    }
+
+    /// The HTTP address.
     pub fn http_addr(&self) -> SocketAddr {
         self.http
     }
@@ -390,116 +522,119 @@ impl Nacos {
         self.http.to_string()
     }
 
-    /// User and password when the server requires a login.
-    pub fn credentials(&self) -> Option<(&str, &str)> {
-        self.auth.as_ref().map(|(u, p)| (u.as_str(), p.as_str()))
+    /// Whether every request needs a token.
+    pub fn auth(&self) -> bool {
+        self.options.auth
     }
 
-    /// The access token of the current run, when the server requires a login.
-    pub fn token(&self) -> Option<&str> {
-        self.token.as_deref()
-    }
-
-    /// The data directory (rnacos' Raft log and snapshots, kept across restarts).
-    pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
-    /// The server's log (every run).
+    /// The server's own log (its stdout; Nacos' own log files are in `logs/`).
     pub fn log(&self) -> String {
         self.process.log()
     }
 
-    /// Stops the server with SIGINT and waits for it to exit; panics, with its log, if it has
-    /// not within 20 s.
+    /// One of the server's own log files (`naming-server.log`: pushes and clients;
+    /// `core-auth.log`: what auth refused).
+    pub fn server_log(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join("logs").join(file)).unwrap_or_default()
+    }
+
+    /// Stops the server (SIGTERM, then SIGKILL if it lingers).
     pub fn stop(&mut self) {
-        assert!(
-            self.interrupt(STOP_TIMEOUT),
-            "rnacos did not exit within {STOP_TIMEOUT:?} of SIGINT; its log:\n{}",
-            self.process.log_tail(50)
-        );
-    }
-
-    /// SIGINT, then waits up to `timeout` for the exit; whether it exited (it is reaped then).
-    fn interrupt(&self, timeout: Duration) -> bool {
-        let Some(pid) = self.process.pid() else {
-            return true;
-        };
-        let _ = Command::new("kill")
-            .args(["-INT", &pid.to_string()])
-            .status();
-        let end = Instant::now() + timeout;
-        while Instant::now() < end {
-            if exited(pid) {
-                // Reaps it (a SIGKILL to a process that has exited does nothing).
-                self.process.kill();
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if self.process.terminate(STOP_TIMEOUT).is_none() {
+            self.process.kill();
         }
-        false
     }
 
-    /// Stops the server and starts it again on the same ports with the same data directory.
-    ///
-    /// What survives (rnacos 0.8.8, checked by `tests/tests/nacos_server.rs`): persistent
-    /// instances, with their weight and metadata, and namespaces: rnacos writes both through
-    /// its Raft log into the data directory. Ephemeral instances do not: they live in memory
-    /// only, as in Nacos; a 2.x client puts its own back once it has reconnected. Access
-    /// tokens of the last run are not relied on: the harness logs in again.
+    /// Stops the server and starts it again on the same ports with the same data directory:
+    /// persistent instances, users and namespaces survive; ephemeral instances do not (a 2.x
+    /// client registers its own again once it has reconnected).
     pub fn restart(&mut self) {
         self.stop();
-        self.spawn(false);
+        self.spawn();
+        self.prepare();
     }
 
-    /// One Open API request, with the access token when there is one: (status, body).
+    /// The same server under another configuration, restarted.
+    pub fn restart_with(&mut self, options: Options) {
+        self.stop();
+        self.options = options;
+        self.configure();
+        self.spawn();
+        self.prepare();
+    }
+
+    /// Stops the process (SIGSTOP) or lets it go on (SIGCONT): a server that hangs.
+    pub fn pause(&self, paused: bool) {
+        if let Some(pid) = self.process.pid() {
+            let sig = if paused { "-STOP" } else { "-CONT" };
+            let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+        }
+    }
+
+    /// One request with the admin's token (after one new login if the server refused it):
+    /// `(status, body)`.
     pub fn call(&self, method: &str, path: &str, params: &[(&str, String)]) -> (u16, String) {
-        let path = if params.is_empty() {
-            path.to_string()
-        } else {
-            format!("{path}?{}", query(params))
-        };
-        let mut headers = Vec::new();
-        if let Some(t) = &self.token {
-            headers.push(("accessToken", t.as_str()));
-        }
-        let answer = http(self.http, method, &path, &headers, "")
-            .unwrap_or_else(|e| panic!("rnacos {method} {path}: {e}"));
-        // The token of the start ran out (tests with short-lived tokens): log in again, once.
-        match (&self.auth, answer.0) {
-            (Some((user, password)), 403) => {
-                let fresh = self.login(user, password).unwrap_or_default();
-                http(
-                    self.http,
-                    method,
-                    &path,
-                    &[("accessToken", fresh.as_str())],
-                    "",
-                )
-                .unwrap_or_else(|e| panic!("rnacos {method} {path}: {e}"))
+        let send = |token: Option<&str>| {
+            let mut params: Vec<(&str, String)> = params.to_vec();
+            if let Some(t) = token {
+                params.push(("accessToken", t.to_string()));
             }
-            _ => answer,
+            let target = format!("{path}?{}", query(&params));
+            http(self.http, method, &target, &[], "")
+                .unwrap_or_else(|e| panic!("{} {method} {path}: {e}", self.version))
+        };
+        let token = self.token().clone();
+        let answer = send(token.as_deref());
+        if matches!(answer.0, 401 | 403) && token.is_some() {
+            let password = self.admin_password();
+            let fresh = self.login(ADMIN_USER, &password);
+            assert!(
+                fresh.is_some(),
+                "{}: the admin's login was refused ({:?}) after {method} {path} answered {answer:?}; the server's auth log:\n{}",
+                self.version,
+                self.login_answer(ADMIN_USER, &password),
+                crate::tail(&self.server_log("core-auth.log"), 40)
+            );
+            *self.token() = fresh.clone();
+            return send(fresh.as_deref());
+        }
+        answer
+    }
+
+    /// A write that must answer `ok`: retried while the server answers 500 (a server that has
+    /// just started may not have its naming executor, or Raft for persistent instances, ready).
+    fn expect_ok(&self, method: &str, path: &str, params: &[(&str, String)]) {
+        let end = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (status, body) = self.call(method, path, params);
+            // 1.x answers `ok`, 3.x's admin API `{"code":0,...,"data":"ok"}`.
+            if status == 200 && (body.trim() == "ok" || body.contains("\"data\":\"ok\"")) {
+                return;
+            }
+            assert!(
+                status >= 500 && Instant::now() < end,
+                "{} {method} {path} {params:?}: HTTP {status} {body}; the server's log:\n{}",
+                self.version,
+                crate::tail(&self.server_log("nacos.log"), 60)
+            );
+            std::thread::sleep(Duration::from_millis(500));
         }
     }
 
-    /// An Open API request that must answer 200 `ok`.
-    fn expect_ok(&self, method: &str, path: &str, params: &[(&str, String)]) {
-        let (status, body) = self.call(method, path, params);
-        assert!(
-            status == 200 && body.trim() == "ok",
-            "rnacos {method} {path} {params:?}: HTTP {status} {body}"
-        );
-    }
-
-    /// `POST /nacos/v1/ns/instance`.
+    /// `POST /nacos/v1/ns/instance`: a persistent instance.
     pub fn register(&self, inst: &Instance) {
         self.expect_ok("POST", "/nacos/v1/ns/instance", &inst.params());
     }
 
-    /// `PUT /nacos/v1/ns/instance`: the instance's weight, enabled and metadata as `inst` has
-    /// them (rnacos: except a weight of 1.0 and empty metadata, which leave the old ones).
+    /// Updates the instance's weight, enabled and metadata to what `inst` has (its health is
+    /// the server's to judge): `PUT /nacos/v1/ns/instance` on 2.x, 3.x's admin API
+    /// `PUT /nacos/v3/admin/ns/instance` (it answers the former 410).
     pub fn update(&self, inst: &Instance) {
-        self.expect_ok("PUT", "/nacos/v1/ns/instance", &inst.params());
+        let path = match self.version {
+            Version::V2 => "/nacos/v1/ns/instance",
+            Version::V3 => "/nacos/v3/admin/ns/instance",
+        };
+        self.expect_ok("PUT", path, &inst.params());
     }
 
     /// `DELETE /nacos/v1/ns/instance`.
@@ -507,19 +642,21 @@ impl Nacos {
         self.expect_ok("DELETE", "/nacos/v1/ns/instance", &inst.key_params());
     }
 
-    /// `GET /nacos/v1/ns/instance/list` of `service` in `group` and `namespace` (empty:
-    /// public), healthy or not: `{"name": "GROUP@@service", "hosts": [...], ...}`.
+    /// `GET /nacos/v1/ns/instance/list` of `service` in `group` and `namespace`, healthy or
+    /// not: `{"name": "GROUP@@service", "hosts": [...], ...}`.
     pub fn list(&self, service: &str, group: &str, namespace: &str) -> serde_json::Value {
-        let mut params = vec![
+        let params = [
             ("serviceName", service.to_string()),
             ("groupName", group.to_string()),
+            ("namespaceId", namespace.to_string()),
             ("healthyOnly", "false".to_string()),
         ];
-        if !namespace.is_empty() {
-            params.push(("namespaceId", namespace.to_string()));
-        }
         let (status, body) = self.call("GET", "/nacos/v1/ns/instance/list", &params);
-        assert_eq!(status, 200, "rnacos instance/list {params:?}: {body}");
+        assert_eq!(
+            status, 200,
+            "{} instance/list {params:?}: {body}",
+            self.version
+        );
         serde_json::from_str(&body).expect("instance/list JSON")
     }
 
@@ -533,19 +670,20 @@ impl Nacos {
         hosts
     }
 
-    /// `GET /nacos/v1/ns/service/list`: the service names of `group` in `namespace` (empty:
-    /// public), sorted.
+    /// `GET /nacos/v1/ns/service/list`: the service names of `group` in `namespace`, sorted.
     pub fn services(&self, group: &str, namespace: &str) -> Vec<String> {
-        let mut params = vec![
+        let params = [
             ("pageNo", "1".to_string()),
             ("pageSize", "10000".to_string()),
             ("groupName", group.to_string()),
+            ("namespaceId", namespace.to_string()),
         ];
-        if !namespace.is_empty() {
-            params.push(("namespaceId", namespace.to_string()));
-        }
         let (status, body) = self.call("GET", "/nacos/v1/ns/service/list", &params);
-        assert_eq!(status, 200, "rnacos service/list {params:?}: {body}");
+        assert_eq!(
+            status, 200,
+            "{} service/list {params:?}: {body}",
+            self.version
+        );
         let v: serde_json::Value = serde_json::from_str(&body).expect("service/list JSON");
         let mut names: Vec<String> = v["doms"]
             .as_array()
@@ -559,25 +697,67 @@ impl Nacos {
         names
     }
 
-    /// `POST /nacos/v1/console/namespaces` (`customNamespaceId`, `namespaceName`), as Nacos'
-    /// console and its operators create one.
-    pub fn create_namespace(&self, id: &str, name: &str) {
-        let params = [
-            ("customNamespaceId", id.to_string()),
-            ("namespaceName", name.to_string()),
-        ];
-        let (status, body) = self.call("POST", "/nacos/v1/console/namespaces", &params);
+    /// Deletes service `service` (of `group` in `namespace`), as an operator does once it has
+    /// no instance.
+    pub fn delete_service(&self, service: &str, group: &str, namespace: &str) {
+        let (path, params) = match self.version {
+            Version::V2 => (
+                "/nacos/v1/ns/service",
+                vec![
+                    ("serviceName", service.to_string()),
+                    ("groupName", group.to_string()),
+                    ("namespaceId", namespace.to_string()),
+                ],
+            ),
+            Version::V3 => (
+                "/nacos/v3/admin/ns/service",
+                vec![
+                    ("serviceName", service.to_string()),
+                    ("groupName", group.to_string()),
+                    ("namespaceId", namespace.to_string()),
+                ],
+            ),
+        };
+        let (status, body) = self.call("DELETE", path, &params);
         assert!(
-            status == 200 && body.trim() == "true",
-            "rnacos create namespace {id}: HTTP {status} {body}"
+            status == 200 && body.contains("ok"),
+            "{} delete service {service}: HTTP {status} {body}",
+            self.version
         );
     }
 
-    /// `GET /nacos/v1/console/namespaces`: `(id, name)` of each namespace, in the server's
-    /// order (`("", "public")` first).
+    /// Creates namespace `id` (shown as `name`), as the console does.
+    pub fn create_namespace(&self, id: &str, name: &str) {
+        let path = match self.version {
+            Version::V2 => "/nacos/v1/console/namespaces",
+            Version::V3 => "/nacos/v3/admin/core/namespace",
+        };
+        let id_param = match self.version {
+            Version::V2 => "customNamespaceId",
+            Version::V3 => "namespaceId",
+        };
+        let params = [
+            (id_param, id.to_string()),
+            ("namespaceName", name.to_string()),
+            ("namespaceDesc", name.to_string()),
+        ];
+        let (status, body) = self.call("POST", path, &params);
+        assert!(
+            status == 200 && body.contains("true"),
+            "{} create namespace {id}: HTTP {status} {body}",
+            self.version
+        );
+    }
+
+    /// The namespaces the server lists: `(id, name)`, ids as the server writes them (2.x:
+    /// `public` as the empty id).
     pub fn namespaces(&self) -> Vec<(String, String)> {
-        let (status, body) = self.call("GET", "/nacos/v1/console/namespaces", &[]);
-        assert_eq!(status, 200, "rnacos namespaces: {body}");
+        let path = match self.version {
+            Version::V2 => "/nacos/v1/console/namespaces",
+            Version::V3 => "/nacos/v3/admin/core/namespace/list",
+        };
+        let (status, body) = self.call("GET", path, &[]);
+        assert_eq!(status, 200, "{} namespaces: {body}", self.version);
         let v: serde_json::Value = serde_json::from_str(&body).expect("namespaces JSON");
         v["data"]
             .as_array()
@@ -593,228 +773,88 @@ impl Nacos {
             })
             .unwrap_or_default()
     }
+
+    /// A user `user` with `password` that may `action` (`r`, `w`, `rw`) the naming resources
+    /// of `namespace` (role `role-<user>`, resource `<namespace>:*:*`).
+    pub fn create_user(&self, user: &str, password: &str, namespace: &str, action: &str) {
+        let (users, roles, permissions) = match self.version {
+            Version::V2 => (
+                "/nacos/v1/auth/users",
+                "/nacos/v1/auth/roles",
+                "/nacos/v1/auth/permissions",
+            ),
+            Version::V3 => (
+                "/nacos/v3/auth/user",
+                "/nacos/v3/auth/role",
+                "/nacos/v3/auth/permission",
+            ),
+        };
+        let role = format!("role-{user}");
+        for (path, params) in [
+            (
+                users,
+                vec![
+                    ("username", user.to_string()),
+                    ("password", password.to_string()),
+                ],
+            ),
+            (
+                roles,
+                vec![("role", role.clone()), ("username", user.to_string())],
+            ),
+            (
+                permissions,
+                vec![
+                    ("role", role.clone()),
+                    ("resource", format!("{namespace}:*:*")),
+                    ("action", action.to_string()),
+                ],
+            ),
+        ] {
+            let (status, body) = self.call("POST", path, &params);
+            assert_eq!(status, 200, "{} POST {path}: {body}", self.version);
+        }
+    }
+
+    /// Sets `user`'s password (as an admin does when a credential leaked); the harness logs in
+    /// with the new one when `user` is the admin.
+    pub fn set_password(&self, user: &str, password: &str) {
+        let path = match self.version {
+            Version::V2 => "/nacos/v1/auth/users",
+            Version::V3 => "/nacos/v3/auth/user",
+        };
+        let params = [
+            ("username", user.to_string()),
+            ("newPassword", password.to_string()),
+        ];
+        let (status, body) = self.call("PUT", path, &params);
+        assert_eq!(
+            status, 200,
+            "{} set password of {user}: {body}",
+            self.version
+        );
+        if user == ADMIN_USER {
+            *self
+                .admin_password
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = password.to_string();
+        }
+    }
 }
 
 impl Drop for Nacos {
     fn drop(&mut self) {
-        // SIGINT first (a clean exit); the Process's own drop kills it if it lingers.
-        self.interrupt(Duration::from_secs(5));
+        self.process.kill();
+        if let Some(mut w) = self.lifeline().take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
     }
 }
 
-/// Whether process `pid` (our child) has exited: gone, or a zombie waiting to be reaped.
-fn exited(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // `pid (comm) S ...`: the state follows the last `)`.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => true,
-    }
-}
-
-/// A free loopback address `P` whose `P + 1000` is free too (rnacos' gRPC port), both below
-/// the kernel's ephemeral range (see [`free_addr`]).
+/// A free loopback address `P` whose `P + 1000`, `P + 1001` (client and cluster gRPC),
+/// `P - 1000` (Raft) and `P + 2000` (3.x's console) are free too, none of them handed out to
+/// anything else of this process (see [`free_addr_with`]).
 fn free_http_addr() -> SocketAddr {
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32768);
-    for _ in 0..1000 {
-        let http = free_addr();
-        let grpc = u32::from(http.port()) + u32::from(GRPC_OFFSET);
-        if grpc < ephemeral_low
-            && TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], grpc as u16))).is_ok()
-        {
-            return http;
-        }
-    }
-    panic!("no free loopback ports P and P+{GRPC_OFFSET}");
-}
-
-/// How long the registrar's JVM may take to start and connect on two busy cores.
-const REGISTRAR_READY_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// How long one registrar command may take (a gRPC request and its answer).
-const REGISTRAR_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The official Java client (`nacos-client` 2.4.3) in a process of its own, registering and
-/// deregistering ephemeral instances over gRPC on command; killed on drop (its instances then
-/// vanish as its connection closes, as when a service crashes).
-///
-/// Register one instance per service with each registrar, as a Spring Cloud Alibaba service
-/// does: Nacos 2.x keeps one instance per service and connection (a second `register` of the
-/// same service replaces the first there; rnacos lists both), and the client re-registers only
-/// the last after a reconnect. Start a second registrar for a second instance.
-pub struct Registrar {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-    dir: tempfile::TempDir,
-}
-
-impl Registrar {
-    /// Starts the client against `nacos` (its credentials when it requires a login) in
-    /// `namespace` (None: public) and waits until it is connected.
-    pub fn start(nacos: &Nacos, namespace: Option<&str>) -> Registrar {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let stderr = std::fs::File::create(dir.path().join("registrar.log")).expect("log file");
-        let mut cmd = Command::new("java");
-        // C1 only, a small heap and the serial collector: starts in half the time on two busy
-        // cores. The client's cache and log directories go to the temporary directory instead
-        // of ~/nacos and ~/logs.
-        cmd.args(["-Xmx128m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"])
-            .arg(format!("-DJM.SNAPSHOT.PATH={}", dir.path().display()))
-            .arg(format!(
-                "-DJM.LOG.PATH={}",
-                dir.path().join("logs").display()
-            ))
-            .arg("-jar")
-            .arg(registrar_jar())
-            .args(["--server", &nacos.server_addr()]);
-        if let Some(ns) = namespace {
-            cmd.args(["--namespace", ns]);
-        }
-        if let Some((user, password)) = nacos.credentials() {
-            cmd.args(["--username", user, "--password", password]);
-        }
-        let mut child = crate::process::spawn_piped(&mut cmd, Stdio::from(stderr));
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        let mut r = Registrar {
-            child,
-            stdin,
-            lines,
-            dir,
-        };
-        let first = r.reply(REGISTRAR_READY_TIMEOUT, "ready");
-        assert_eq!(
-            first,
-            "ready",
-            "nacos registrar did not start; its log:\n{}",
-            r.log_tail()
-        );
-        r
-    }
-
-    /// Registers an ephemeral instance of `service` in `group` on `ip:port` (cluster
-    /// `DEFAULT`) with `weight` and `metadata`; returns once the server has accepted it.
-    pub fn register(
-        &mut self,
-        service: &str,
-        group: &str,
-        ip: &str,
-        port: u16,
-        weight: f64,
-        metadata: &[(&str, &str)],
-    ) {
-        let mut line = format!("register {service} {group} {ip} {port} {weight}");
-        if !metadata.is_empty() {
-            let pairs: Vec<String> = metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            line.push(' ');
-            line.push_str(&pairs.join(","));
-        }
-        self.cmd(&line);
-    }
-
-    /// Deregisters the instance of `service` in `group` on `ip:port`.
-    pub fn deregister(&mut self, service: &str, group: &str, ip: &str, port: u16) {
-        self.cmd(&format!("deregister {service} {group} {ip} {port}"));
-    }
-
-    /// `shutDown()` of the client (its connection closes, so its instances go), then waits for
-    /// the process to exit.
-    pub fn shutdown(mut self) {
-        self.cmd("quit");
-        // Closing stdin as well: the registrar exits on either.
-        self.stdin = None;
-        let end = Instant::now() + REGISTRAR_COMMAND_TIMEOUT;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => {
-                    assert!(
-                        status.success(),
-                        "nacos registrar exited with {status}; its log:\n{}",
-                        self.log_tail()
-                    );
-                    return;
-                }
-                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
-                other => panic!(
-                    "nacos registrar did not exit after quit ({other:?}); its log:\n{}",
-                    self.log_tail()
-                ),
-            }
-        }
-    }
-
-    /// The client's log (stderr).
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("registrar.log")
-    }
-
-    fn log_tail(&self) -> String {
-        tail(&self.log(), 60)
-    }
-
-    /// Sends one command and waits for its `ok`; panics with the log on `error` or timeout.
-    fn cmd(&mut self, line: &str) {
-        assert!(!line.contains('\n'), "one line per command: {line:?}");
-        let stdin = self.stdin.as_mut().expect("registrar stdin open");
-        writeln!(stdin, "{line}")
-            .and_then(|()| stdin.flush())
-            .unwrap_or_else(|e| panic!("write {line:?} to the nacos registrar: {e}"));
-        let reply = self.reply(REGISTRAR_COMMAND_TIMEOUT, line);
-        assert_eq!(
-            reply,
-            format!("ok {line}"),
-            "nacos registrar {line:?}; its log:\n{}",
-            self.log_tail()
-        );
-    }
-
-    /// The next protocol line (`ready`, `ok ...`, `error ...`); other output is skipped. Panics
-    /// with the log if none comes within `timeout` or the process ends.
-    fn reply(&mut self, timeout: Duration, what: &str) -> String {
-        let end = Instant::now() + timeout;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l == "ready" || l.starts_with("ok ") || l.starts_with("error ") => {
-                    return l
-                }
-                Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) => panic!(
-                    "nacos registrar: no answer to {what:?} within {timeout:?}; its log:\n{}",
-                    self.log_tail()
-                ),
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = self.child.wait();
-                    panic!(
-                        "nacos registrar exited ({status:?}) before answering {what:?}; its log:\n{}",
-                        self.log_tail()
-                    )
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Registrar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    free_addr_with(&[0, 1000, 1001, -1000, i32::from(CONSOLE_OFFSET)])
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::consul::{Consul, Registration};
 use crate::eureka::{Eureka, Instance as EurekaInstance};
 use crate::kube::{not_ready, ready, service as kube_service, slice, KubeApiServer};
-use crate::nacos::{Instance as NacosInstance, Nacos};
+use crate::nacos::{Instance as NacosInstance, Nacos, Version, DEFAULT_GROUP};
 use crate::zookeeper::{provider_path, Writer, ZooKeeper};
 use crate::Adapter;
 
@@ -540,18 +540,25 @@ impl Registry for KubeRegistry {
     }
 }
 
-/// adapter-nacos (default flags) on rnacos: each instance a persistent instance registered
-/// through the Open API (group `DEFAULT_GROUP`, namespace public), its version as metadata.
-/// rnacos cannot stage an unhealthy instance the way a Nacos health check does (it ignores
-/// `healthy=false`), so an unhealthy instance here has weight 0, which Nacos' own clients never
-/// pick and adapter-nacos leaves out as it does an unhealthy one.
+/// adapter-nacos (default flags) on the real Nacos 2.4.3: each instance a persistent instance
+/// registered through the HTTP API (group `DEFAULT_GROUP`, namespace public), its version as
+/// metadata. An unhealthy instance is one the server's own health check finds down: the first
+/// one turns the server's health checks on (the harness starts servers with them off, so that
+/// tests without backends keep their instances), it is registered on a port of its address
+/// where nothing listens, and `register` returns once the server has marked it unhealthy (its
+/// TCP check, about 5-15 s). Every other instance must then have a backend listening.
 pub struct NacosRegistry {
     /// The server.
     pub nacos: Nacos,
+    /// Whether the server's health checks were turned on.
+    checking: bool,
     served: Served,
     /// What was registered, by service and id (Nacos deregisters by address).
     registered: BTreeMap<(String, String), NacosInstance>,
 }
+
+/// Where an instance the server must find down is registered: a port nothing listens on.
+const NACOS_DOWN_PORT: u16 = 1;
 
 impl NacosRegistry {
     /// Starts a server and the adapter.
@@ -561,7 +568,7 @@ impl NacosRegistry {
 
     /// [`NacosRegistry::start`] with more adapter flags.
     pub fn start_with_args(extra: &[&str]) -> NacosRegistry {
-        let nacos = Nacos::start();
+        let nacos = Nacos::start(Version::V2);
         let addr = nacos.server_addr();
         let adapter = Adapter::start(
             "adapter-nacos",
@@ -571,6 +578,7 @@ impl NacosRegistry {
             .named(".default-group.public");
         NacosRegistry {
             nacos,
+            checking: false,
             served,
             registered: BTreeMap::new(),
         }
@@ -585,12 +593,34 @@ impl Registry for NacosRegistry {
         &mut self.served
     }
     fn register(&mut self, service: &str, inst: &Instance) {
-        let mut i = NacosInstance::new(service, &inst.ip(), inst.addr.port())
-            .weight(if inst.healthy { 1.0 } else { 0.0 });
+        if !inst.healthy && !self.checking {
+            self.nacos.set_switch("check", "true");
+            self.checking = true;
+        }
+        let port = if inst.healthy {
+            inst.addr.port()
+        } else {
+            NACOS_DOWN_PORT
+        };
+        let mut i = NacosInstance::new(service, &inst.ip(), port);
         if let Some(v) = &inst.version {
             i = i.with_metadata("version", v);
         }
         self.nacos.register(&i);
+        if !inst.healthy {
+            let ip = inst.ip();
+            crate::wait_for(
+                std::time::Duration::from_secs(90),
+                &format!("Nacos' health check to find {service}/{} down", inst.id),
+                || {
+                    self.nacos
+                        .hosts(service, DEFAULT_GROUP, "public")
+                        .iter()
+                        .any(|h| h["ip"] == ip.as_str() && h["healthy"] == false)
+                        .then_some(())
+                },
+            );
+        }
         self.registered
             .insert((service.to_string(), inst.id.clone()), i);
     }

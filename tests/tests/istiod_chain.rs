@@ -1,5 +1,5 @@
 //! The whole chain with Istio's real, unmodified istiod (`pilot-discovery`): real Consul,
-//! ZooKeeper (a Dubbo provider), Eureka, Nacos (rnacos) and Kubernetes API server, a ServiceEntry
+//! ZooKeeper (a Dubbo provider), Eureka, Nacos (the real 2.4.3) and Kubernetes API server, a ServiceEntry
 //! file, each read by its adapter with default flags, and istiod reading all six adapters through
 //! `configSources: xds://...`. istiod stores every ServiceEntry (its memory store validates each
 //! one), shows their services in the External registry with their endpoints, follows changes in
@@ -94,7 +94,7 @@ fn entries(items: &[Value]) -> Vec<(String, String, String)> {
 }
 
 #[test]
-#[ignore = "needs pilot-discovery, kube-apiserver, consul, zookeeper, eureka and rnacos: tests/go-peers/build.sh target; tests/consul/build.sh target/consul; scripts/install-zookeeper.sh; tests/eureka/build.sh target/eureka; tests/nacos/build.sh target/nacos"]
+#[ignore = "needs pilot-discovery, kube-apiserver, consul, zookeeper, eureka and Nacos: tests/go-peers/build.sh target; tests/consul/build.sh target/consul; scripts/install-zookeeper.sh; tests/eureka/build.sh target/eureka; tests/nacos/build.sh target/nacos"]
 fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     let started = Instant::now();
 
@@ -129,7 +129,7 @@ fn istiod_accepts_what_every_adapter_serves_and_follows_changes() {
     }
 
     // Nacos: an HTTP service with two instances, and a Dubbo (TCP) one, which gets a VIP.
-    let nacos = Nacos::start();
+    let nacos = Nacos::start(e2e::nacos::Version::V2);
     for ip in ["10.6.0.1", "10.6.0.2"] {
         nacos.register(
             &e2e::nacos::Instance::new("inventory", ip, 8080).with_metadata("version", "v1"),

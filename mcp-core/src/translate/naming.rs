@@ -37,6 +37,38 @@ fn collapse_dashes(s: &mut String) {
     });
 }
 
+/// FNV-1a, 32 bits, over `parts` with a separator between them: a short stable hash for names
+/// (not security relevant).
+pub fn fnv1a32(parts: &[&str]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            // A separator byte that cannot occur in UTF-8 text keeps ("a","bc") != ("ab","c").
+            h ^= 0xff;
+            h = h.wrapping_mul(0x0100_0193);
+        }
+        for b in p.bytes() {
+            h ^= u32::from(b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+    }
+    h
+}
+
+/// `label` (already mapped) with `-{8 hex digits of hash}` appended, cut so the result is a DNS
+/// label of at most 63 bytes: the name a registry object gets when its readable name is taken.
+pub fn label_with_hash(label: &str, hash: u32) -> String {
+    let suffix = format!("{hash:08x}");
+    let mut head = label.to_string();
+    head.truncate(MAX_LABEL - suffix.len() - 1);
+    let head = head.trim_end_matches('-');
+    if head.is_empty() {
+        suffix
+    } else {
+        format!("{head}-{suffix}")
+    }
+}
+
 /// Maps a registry name to a dotted DNS name: each `.`-separated part via [`map_dns_label`],
 /// empty parts dropped.
 pub fn map_dns_name(s: &str) -> String {

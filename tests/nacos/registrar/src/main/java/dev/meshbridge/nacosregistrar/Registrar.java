@@ -7,7 +7,9 @@ import com.alibaba.nacos.api.naming.pojo.Instance;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 
@@ -23,6 +25,11 @@ import java.util.Properties;
  * <ul>
  *   <li>{@code register SERVICE GROUP IP PORT WEIGHT [k=v,k=v...]}: an ephemeral instance in
  *       cluster DEFAULT with that metadata;
+ *   <li>{@code batch SERVICE GROUP COUNT PORT PADBYTES}: COUNT ephemeral instances of one service
+ *       in one {@code batchRegisterInstance} request, on 10.a.b.c (the instance's number n, from
+ *       1, as a.b.c), each with metadata {@code pad} of PADBYTES characters;
+ *   <li>{@code many PREFIX GROUP COUNT IP PORT}: one ephemeral instance on IP:PORT in each of COUNT
+ *       services PREFIX-0 ... PREFIX-(COUNT-1), one request each;
  *   <li>{@code deregister SERVICE GROUP IP PORT};
  *   <li>{@code quit} (or the end of stdin): {@code shutDown()}, which closes the connection, and
  *       exit 0.
@@ -107,6 +114,38 @@ public final class Registrar {
         instance.setEphemeral(true);
         instance.setMetadata(cmd.length == 7 ? metadata(cmd[6]) : new HashMap<>());
         naming.registerInstance(cmd[1], cmd[2], instance);
+      }
+      case "batch" -> {
+        if (cmd.length != 6) {
+          throw new IllegalArgumentException("usage: batch SERVICE GROUP COUNT PORT PADBYTES");
+        }
+        int count = Integer.parseInt(cmd[3]);
+        String pad = "x".repeat(Integer.parseInt(cmd[5]));
+        List<Instance> instances = new ArrayList<>(count);
+        for (int n = 1; n <= count; n++) {
+          Instance instance = new Instance();
+          instance.setIp("10." + (n >> 16) + "." + ((n >> 8) & 255) + "." + (n & 255));
+          instance.setPort(Integer.parseInt(cmd[4]));
+          instance.setEphemeral(true);
+          Map<String, String> meta = new HashMap<>();
+          meta.put("pad", pad);
+          instance.setMetadata(meta);
+          instances.add(instance);
+        }
+        naming.batchRegisterInstance(cmd[1], cmd[2], instances);
+      }
+      case "many" -> {
+        if (cmd.length != 6) {
+          throw new IllegalArgumentException("usage: many PREFIX GROUP COUNT IP PORT");
+        }
+        int count = Integer.parseInt(cmd[3]);
+        for (int n = 0; n < count; n++) {
+          Instance instance = new Instance();
+          instance.setIp(cmd[4]);
+          instance.setPort(Integer.parseInt(cmd[5]));
+          instance.setEphemeral(true);
+          naming.registerInstance(cmd[1] + "-" + n, cmd[2], instance);
+        }
       }
       case "deregister" -> {
         if (cmd.length != 5) {
