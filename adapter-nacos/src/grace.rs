@@ -139,7 +139,7 @@ mod tests {
         // It empties again within the grace: held again; after the grace, believed.
         assert_eq!(g.serve(&b, Some(svc("b", 0))), Some(svc("b", 1)));
         tokio::time::advance(Duration::from_secs(26)).await;
-        assert_eq!(g.end(), [b.clone()]);
+        assert_eq!(g.end(), std::slice::from_ref(&b));
         assert_eq!(g.serve(&b, Some(svc("b", 0))), Some(svc("b", 0)));
         assert!(g.deadline().is_none());
     }

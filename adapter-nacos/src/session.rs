@@ -30,8 +30,8 @@ const CLIENT_VERSION: &str = concat!("mcp-adapter-nacos:v", env!("CARGO_PKG_VERS
 /// How often a connection that is not yet set up is asked again whether it is.
 const SETUP_POLL: Duration = Duration::from_millis(50);
 /// How often each connection's health is asked, as Nacos' own clients do (`keepAliveTime`):
-/// a connection the server hears nothing on for 20 s gets its `ClientDetectionRequest`, and one
-/// that does not answer it at once (a client paused for a moment) is closed.
+/// the server sends a `ClientDetectionRequest` on a connection it heard nothing on for 20 s and
+/// closes it unless the answer comes within 5 s (a client paused that long loses it).
 const KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// Unanswered health checks in a row after which the connection counts as lost.
 const KEEP_ALIVE_MISSES: u32 = 3;
