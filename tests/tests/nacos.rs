@@ -3,7 +3,8 @@
 //! the official Java client (`nacos-client` 2.4.3, its gRPC path), in `public` and in other
 //! namespaces and groups, observed through mcpctl as a sink sees it.
 //!
-//! Every test runs against both versions (`v2::...`, `v3::...`). The tests of one version share
+//! Every test runs against both versions at once (threads named after the version). The tests
+//! of one version share
 //! one server ([`Nacos::shared`]), each in a namespace or with services of its own; a test that
 //! stops, restarts or reconfigures a server starts its own. Nacos 3 without a user allowed its
 //! admin API lists only the groups it is told of, over gRPC: a test that needs every group or
@@ -21,28 +22,46 @@ use e2e::{addresses_of, find, mcpctl_get, Adapter};
 /// next service listing (5 s); plus a loaded machine.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(45);
 
-/// Each test, once per version.
+/// Each test runs on both versions at once, each in a thread of its own (the tests wait on the
+/// servers much more than they compute, and this halves the file's time); a failure names its
+/// version.
 macro_rules! both_versions {
     ($($name:ident),* $(,)?) => {
-        mod v2 {
+        mod both {
             $(
                 #[test]
                 #[ignore = "needs the Nacos servers and clients: tests/nacos/build.sh target/nacos (the README's test command builds them)"]
                 fn $name() {
-                    super::$name(super::Version::V2)
-                }
-            )*
-        }
-        mod v3 {
-            $(
-                #[test]
-                #[ignore = "needs the Nacos servers and clients: tests/nacos/build.sh target/nacos (the README's test command builds them)"]
-                fn $name() {
-                    super::$name(super::Version::V3)
+                    super::on_both_versions(super::$name);
                 }
             )*
         }
     };
+}
+
+/// `test` on 2.4.3 and on 3.0.3 at once; panics (after both are done) if either failed, saying
+/// which.
+fn on_both_versions(test: fn(Version)) {
+    let failed: Vec<Version> = std::thread::scope(|s| {
+        let runs: Vec<_> = Version::ALL
+            .iter()
+            .map(|v| {
+                // The version in the thread's name: a panic's message names it.
+                let run = std::thread::Builder::new()
+                    .name(v.to_string())
+                    .spawn_scoped(s, move || test(*v))
+                    .expect("spawn a thread");
+                (*v, run)
+            })
+            .collect();
+        runs.into_iter()
+            .filter_map(|(v, run)| run.join().is_err().then_some(v))
+            .collect()
+    });
+    assert!(
+        failed.is_empty(),
+        "failed on {failed:?} (the panics above say where)"
+    );
 }
 
 both_versions!(
@@ -626,32 +645,30 @@ fn thousands_of_services_subscribed_at_start_keep_their_connections(v: Version) 
 
 fn restarts_keep_every_service_until_its_clients_return(v: Version) {
     // Default flags on a server of its own, in `public`/`DEFAULT_GROUP`: a persistent instance
-    // (it survives a restart) and two Java clients' ephemeral ones (each client registers its
+    // (it survives a restart) and three Java clients' ephemeral ones (each client registers its
     // own again once it has reconnected).
     let mut nacos = Nacos::start(v);
     let orders = Instance::new("orders", "10.0.0.1", 8080).with_metadata("version", "v1");
     nacos.register(&orders);
-    let mut cart = Registrar::start(&nacos, None);
-    cart.register(
-        "cart",
-        DEFAULT_GROUP,
-        "10.0.3.1",
-        8080,
-        1.0,
-        &[("version", "v1")],
-    );
-    let mut pay = Registrar::start(&nacos, None);
-    pay.register("pay", DEFAULT_GROUP, "10.0.4.1", 8080, 1.0, &[]);
-    let (a, xds) = adapter(&nacos, &[]);
-    let served = |i: &[Value]| {
-        endpoints(i, "orders.default-group.public").len() == 1
-            && endpoints(i, "cart.default-group.public").len() == 1
-            && endpoints(i, "pay.default-group.public").len() == 1
+    let client = |service: &str, ip: &str| {
+        let mut c = Registrar::start(&nacos, None);
+        c.register(service, DEFAULT_GROUP, ip, 8080, 1.0, &[("version", "v1")]);
+        c
     };
-    until("all three served", &xds, served);
+    let mut cart = client("cart", "10.0.3.1");
+    let pay = client("pay", "10.0.4.1");
+    let gone = client("gone", "10.0.5.1");
+    let (a, xds) = adapter(&nacos, &[]);
+    let name = |s: &str| format!("{s}.default-group.public");
+    until("all four served", &xds, |i| {
+        ["orders", "cart", "pay", "gone"]
+            .iter()
+            .all(|s| endpoints(i, &name(s)).len() == 1)
+    });
     let before = mcpctl_get(&xds);
 
-    // 1. The server stops: the last state stays served, /registryz says why.
+    // 1. The server stops: the last state stays served, /registryz says why. `gone`'s client
+    // stops meanwhile: it will never register again.
     nacos.stop();
     let body = a.wait_registryz(CHANGE_TIMEOUT, "registryz 503 during the outage", 503);
     assert!(body.contains("nacos unhealthy"), "{body}");
@@ -661,10 +678,12 @@ fn restarts_keep_every_service_until_its_clients_return(v: Version) {
         before,
         "the last good state, to a new sink"
     );
+    drop(gone);
 
     // 2. It comes back. The persistent instance is there at once, `cart`'s client returns
     // within seconds, `pay`'s client is held up (paused) until well after the adapter has read
-    // the server again: `pay` keeps its endpoint meanwhile, and no snapshot is built at all.
+    // the server again: `pay` and `gone` keep their endpoints meanwhile, and no snapshot is
+    // built while the clients return.
     let snapshots = a.metric("mcp_adapter_snapshots_total");
     pay.pause(true);
     nacos.restart();
@@ -673,6 +692,7 @@ fn restarts_keep_every_service_until_its_clients_return(v: Version) {
         "registryz 200 once the adapter reads it again",
         200,
     );
+    let back = Instant::now();
     e2e::wait_for(CHANGE_TIMEOUT, "cart's client registered again", || {
         (nacos.hosts("cart", DEFAULT_GROUP, "public").len() == 1).then_some(())
     });
@@ -680,7 +700,7 @@ fn restarts_keep_every_service_until_its_clients_return(v: Version) {
         nacos.hosts("pay", DEFAULT_GROUP, "public").is_empty(),
         "pay's client has not returned yet"
     );
-    std::thread::sleep(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(4));
     assert_eq!(
         mcpctl_get(&xds),
         before,
@@ -690,45 +710,41 @@ fn restarts_keep_every_service_until_its_clients_return(v: Version) {
     e2e::wait_for(CHANGE_TIMEOUT, "pay's client registered again", || {
         (nacos.hosts("pay", DEFAULT_GROUP, "public").len() == 1).then_some(())
     });
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        back.elapsed() < Duration::from_secs(25),
+        "the check below must come within the grace (30 s); it came {:?} after",
+        back.elapsed()
+    );
     assert_eq!(
         a.metric("mcp_adapter_snapshots_total"),
         snapshots,
-        "no snapshot across the restart (nothing was removed, then added back); log:\n{}",
+        "no snapshot while the clients returned (nothing removed, then added back); log:\n{}",
         a.log_tail()
     );
     assert_eq!(mcpctl_get(&xds), before);
 
-    // 3. The sessions that followed are live: a change after the restart is pushed, and the
+    // 3. `gone`, whose client never returns, is believed once the grace is over.
+    until("gone without endpoints once the grace is over", &xds, |i| {
+        endpoints(i, &name("gone")).is_empty()
+    });
+    assert!(
+        back.elapsed() > Duration::from_secs(20),
+        "gone's endpoint went before the grace was over ({:?})",
+        back.elapsed()
+    );
+
+    // 4. The sessions that followed are live: changes after the restart are pushed, and the
     // adapter is steady.
     cart.deregister("cart", DEFAULT_GROUP, "10.0.3.1", 8080);
     until("the deregistration after the restart", &xds, |i| {
-        endpoints(i, "cart.default-group.public").is_empty()
+        endpoints(i, &name("cart")).is_empty()
     });
     nacos.register(&Instance::new("orders", "10.0.0.2", 8080).with_metadata("version", "v1"));
     until("a persistent change after the restart", &xds, |i| {
-        endpoints(i, "orders.default-group.public").len() == 2
+        endpoints(i, &name("orders")).len() == 2
     });
     a.assert_recovered(Duration::from_secs(6));
-
-    // 4. A service whose client never returns is believed once the grace (30 s) is over.
-    drop(pay);
-    nacos.restart();
-    a.wait_registryz(
-        CHANGE_TIMEOUT,
-        "registryz 200 after the second restart",
-        200,
-    );
-    let pay_gone = Instant::now();
-    until("pay without endpoints once the grace is over", &xds, |i| {
-        find(i, "pay.default-group.public")
-            .is_none_or(|_| endpoints(i, "pay.default-group.public").is_empty())
-    });
-    assert!(
-        pay_gone.elapsed() > Duration::from_secs(15),
-        "pay's endpoint went before the grace was over ({:?})",
-        pay_gone.elapsed()
-    );
 }
 
 fn auth_tokens_refusals_and_one_refused_namespace(v: Version) {
