@@ -395,15 +395,15 @@ spec: {hosts: [two.example.com]}
         let items = vec!["x"; 1000].join(",");
         let refs = vec!["*a"; 5000].join(",");
         let yaml = format!("a: &a [{items}]\nb: [{refs}]\n");
-        let started = std::time::Instant::now();
         let e = err("wide.yaml", &yaml, Format::Yaml);
         assert!(
             e.contains("file wide.yaml, document 1: YAML syntax error"),
             "{e}"
         );
         assert!(e.contains("aliases expand"), "{e}");
+        // Refused at the count of one million values, not after five million: what bounds the
+        // work (a wall-clock bound here failed under load, where 1.3 s alone took over 5 s).
         assert!(e.contains("1000000 values"), "{e}");
-        assert!(started.elapsed() < std::time::Duration::from_secs(5));
 
         // Aliases used as intended (a shared port list) are fine.
         let shared = r#"
