@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The whole chain on this machine's loopback, for a newcomer to look at and poke:
 #
-#   Consul, ZooKeeper, Eureka, Nacos (rnacos, a Nacos server in Rust), and a second Kubernetes
-#   API server ("another cluster")
+#   Consul, ZooKeeper, Eureka, Nacos 2.4.3 (the real server, built from upstream's sources by
+#   tests/nacos/build.sh), and a second Kubernetes API server ("another cluster")
 #     -> adapter-consul, adapter-zookeeper, adapter-eureka, adapter-nacos, adapter-kube
 #        (MCP over xDS)
 #     -> istiod (Istio's own pilot-discovery: k8s:// first, then every adapter), on a mesh
 #        cluster's API server with Istio's CRDs
 #     -> a stock Envoy sidecar, configured by istiod
 #     -> small HTTP backends registered in Consul, ZooKeeper (Spring Cloud / Curator instances),
-#        Eureka and Nacos (persistent instances, through its Open API), each answering with its
-#        own name.
+#        Eureka and Nacos (persistent instances, through its Open API, which Nacos health-checks
+#        over TCP), each answering with its own name.
 #
 # It prints what each adapter serves (mcpctl), what istiod holds (/debug/registryz, configz),
 # a curl through Envoy to a service of each registry, and commands to try next.
@@ -21,13 +21,18 @@
 #
 # Environment:
 #   DEMO_DIR        state dir: pid files, logs, configs, data (default target/demo)
-#   DEMO_PORT_BASE  first of the ports it listens on (default 19000; it uses BASE..BASE+80,
-#                   listed in DEMO_DIR/ports). It refuses to start if one is taken.
+#   DEMO_PORT_BASE  first of the ports it listens on (default 19000; it uses BASE..BASE+80, and
+#                   BASE+1008, BASE+2008 and BASE+2009 for Nacos, all listed in DEMO_DIR/ports).
+#                   It refuses to start if one is taken. Nacos' HTTP port is BASE+1008: the
+#                   server derives its other ports from it, its client gRPC port at HTTP + 1000
+#                   (where clients and adapter-nacos look for it), its cluster gRPC port at
+#                   HTTP + 1001 and its Raft port at HTTP - 1000 (BASE+8).
 #   DEMO_BIN_DIR    the workspace binaries (default ${CARGO_TARGET_DIR:-target}/debug, where
 #                   `cargo build` and `cargo test` put them); built when missing
-#   PILOT_DISCOVERY, KUBE_BIN_DIR, CONSUL_BIN_DIR, EUREKA_JAR, ENVOY_BIN_DIR, NACOS_BIN
+#   PILOT_DISCOVERY, KUBE_BIN_DIR, CONSUL_BIN_DIR, EUREKA_JAR, ENVOY_BIN_DIR, NACOS2_HOME
 #                   the peers, as for the tests (defaults under target/, where scripts/test.sh
-#                   builds them; NACOS_BIN is rnacos, default target/nacos/rnacos)
+#                   builds them; NACOS2_HOME is a Nacos 2.4.3 release directory, its jar in
+#                   target/nacos-server.jar, default target/nacos/nacos-2.4.3)
 #
 # Without root and without iptables: Envoy runs with INTERCEPTION_MODE NONE, so istiod gives it
 # one listener per service port on 127.0.0.1; every demo service shares one HTTP port
@@ -48,8 +53,8 @@ bin_dir="$(abspath "${DEMO_BIN_DIR:-$cargo_target/debug}")"
 state="$(abspath "${DEMO_DIR:-$repo/target/demo}")"
 base="${DEMO_PORT_BASE:-19000}"
 case "$base" in '' | *[!0-9]*) echo "scripts/demo.sh: DEMO_PORT_BASE must be a number" >&2; exit 2 ;; esac
-if [ "$base" -lt 1024 ] || [ "$base" -gt 65400 ]; then
-  echo "scripts/demo.sh: DEMO_PORT_BASE must be between 1024 and 65400" >&2
+if [ "$base" -lt 1024 ] || [ "$base" -gt 63500 ]; then
+  echo "scripts/demo.sh: DEMO_PORT_BASE must be between 1024 and 63500" >&2
   exit 2
 fi
 
@@ -59,7 +64,8 @@ crds="$(dirname "$pilot")/crd-all.gen.yaml"
 kube_bin="$(abspath "${KUBE_BIN_DIR:-$repo/target/kube}")/kube-apiserver-test"
 consul_bin="$(abspath "${CONSUL_BIN_DIR:-$repo/target/consul}")/consul"
 eureka_jar="$(abspath "${EUREKA_JAR:-$repo/target/eureka/eureka-test.jar}")"
-nacos_bin="$(abspath "${NACOS_BIN:-$repo/target/nacos/rnacos}")"
+nacos_home="$(abspath "${NACOS2_HOME:-$repo/target/nacos/nacos-2.4.3}")"
+nacos_jar="$nacos_home/target/nacos-server.jar"
 envoy_bin="$(abspath "${ENVOY_BIN_DIR:-$repo/target/envoy/envoy/_bin}")/envoy"
 zk_jars=(/usr/share/java/zookeeper.jar /usr/share/java/slf4j-log4j12.jar /usr/share/java/log4j-1.2.jar)
 workspace_bins=(adapter-consul adapter-zookeeper adapter-eureka adapter-nacos adapter-kube mcpctl examples/zk-writer)
@@ -73,10 +79,14 @@ CONSUL_SERF_WAN=$((base + 4))
 CONSUL_SERVER=$((base + 5))
 ZK_PORT=$((base + 6))            # ZooKeeper's client port
 EUREKA_PORT=$((base + 7))        # Eureka (http://127.0.0.1:PORT/eureka)
-NACOS_PORT=$((base + 8))         # Nacos' HTTP port (Open API: http://127.0.0.1:PORT/nacos/v1/...)
-# Nacos' gRPC port, where 2.x clients and adapter-nacos watch: Nacos puts it at HTTP + 1000,
-# outside this demo's range, so here it is the next port (adapter-nacos --grpc-port-offset 1).
-NACOS_GRPC=$((base + 9))
+# Nacos listens on four ports at fixed distances from its HTTP port P: P - 1000 (Raft, which
+# keeps persistent instances), P + 1000 (gRPC: 2.x clients and adapter-nacos watch there; they
+# assume + 1000) and P + 1001 (gRPC between cluster members). P is BASE+1008 so that its Raft
+# port falls in this demo's range (BASE+8) and the gRPC ports just above it.
+NACOS_RAFT=$((base + 8))
+NACOS_PORT=$((base + 1008))      # Nacos' HTTP port (Open API: http://127.0.0.1:PORT/nacos/v1/...)
+NACOS_GRPC=$((NACOS_PORT + 1000))
+NACOS_CLUSTER_GRPC=$((NACOS_PORT + 1001))
 CONSUL_MCP=$((base + 10))        # each adapter's MCP (gRPC) port ...
 ZK_MCP=$((base + 11))
 EUREKA_MCP=$((base + 12))
@@ -94,9 +104,9 @@ ISTIOD_HTTPS=$((base + 33))
 ENVOY_ADMIN=$((base + 40))       # Envoy's admin port
 SERVICE_PORT=$((base + 80))      # every demo service's port: Envoy listens on 127.0.0.1:PORT
 port_names=(KUBE_PORT REMOTE_KUBE_PORT CONSUL_PORT CONSUL_SERF_LAN CONSUL_SERF_WAN CONSUL_SERVER
-  ZK_PORT EUREKA_PORT NACOS_PORT NACOS_GRPC CONSUL_MCP ZK_MCP EUREKA_MCP KUBE_MCP NACOS_MCP
-  CONSUL_ADMIN ZK_ADMIN EUREKA_ADMIN KUBE_ADMIN NACOS_ADMIN ISTIOD_HTTP ISTIOD_GRPC ISTIOD_SECURE
-  ISTIOD_HTTPS ENVOY_ADMIN SERVICE_PORT)
+  ZK_PORT EUREKA_PORT NACOS_RAFT NACOS_PORT NACOS_GRPC NACOS_CLUSTER_GRPC CONSUL_MCP ZK_MCP
+  EUREKA_MCP KUBE_MCP NACOS_MCP CONSUL_ADMIN ZK_ADMIN EUREKA_ADMIN KUBE_ADMIN NACOS_ADMIN
+  ISTIOD_HTTP ISTIOD_GRPC ISTIOD_SECURE ISTIOD_HTTPS ENVOY_ADMIN SERVICE_PORT)
 
 # The services: registry service instance address version. Each instance is a backend
 # answering "<registry>-<service>-<instance>" on <address>:SERVICE_PORT.
@@ -254,19 +264,17 @@ wait_gone() {
   return 1
 }
 
-# The signal that stops NAME: SIGTERM, but SIGINT for rnacos, which stops on SIGINT (Ctrl-C)
-# and was seen still running 1 s after a SIGTERM (so `down` would wait 15 s, then SIGKILL it).
-stop_signal() { case "$1" in nacos) echo INT ;; *) echo TERM ;; esac; }
-
-# stop_all: each process of the pid files its stop signal, SIGKILL to those still there after 15 s.
+# stop_all: SIGTERM to each process of the pid files (every one stops on it; the JVMs, Nacos
+# among them, run their shutdown hooks: Nacos takes about 3 s), SIGKILL to those still there
+# after 15 s.
 stop_all() {
   local name pid
   while read -r name pid; do
-    kill -"$(stop_signal "$name")" "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || true
   done < <(alive_list)
   wait_gone 150 && return 0
   while read -r name pid; do
-    say "    $name (pid $pid) did not stop on SIG$(stop_signal "$name") within 15 s: SIGKILL"
+    say "    $name (pid $pid) did not stop on SIGTERM within 15 s: SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
   done < <(alive_list)
   wait_gone 50 && return 0
@@ -358,12 +366,13 @@ build_missing() {
     build_step eureka "building the Eureka server (tests/eureka, Maven Central)" "about 1.5 min" \
       tests/eureka/build.sh target/eureka
   fi
-  if [ ! -x "$nacos_bin" ]; then
-    [ -x tests/nacos/build.sh ] || fail "$nacos_bin missing and no tests/nacos/build.sh to build it: set NACOS_BIN to an rnacos binary"
-    need cargo "install Rust with rustup (rnacos, a Nacos server in Rust, is installed from crates.io)"
-    need mvn "install Maven (tests/nacos/build.sh also builds the tests' Nacos Java client)"
-    build_step nacos "building rnacos, a Nacos server in Rust (tests/nacos: crates.io, cached in ~/.cache)" \
-      "about 6 min on 2 cores" tests/nacos/build.sh target/nacos
+  if [ ! -f "$nacos_jar" ]; then
+    if [ -n "${NACOS2_HOME:-}" ]; then
+      fail "no Nacos 2.4.3 in NACOS2_HOME=$nacos_home (target/nacos-server.jar and conf/application.properties of an unpacked release)"
+    fi
+    need mvn "install Maven (the Nacos servers are built from upstream's sources: Maven Central serves no server jar)"
+    build_step nacos "building the real Nacos servers 2.4.3 (the demo's) and 3.0.3 (the tests'), the tests' Nacos Java client and Dubbo provider (tests/nacos/build.sh: Maven, from upstream's source tarballs; the servers cached in ~/.cache/mcp-bridge-peers)" \
+      "about 2 min per server plus ~400 MB of Maven downloads; warm: nothing" tests/nacos/build.sh target/nacos
   fi
   local j zk_missing=""
   for j in "${zk_jars[@]}"; do [ -f "$j" ] || zk_missing=1; done
@@ -377,7 +386,8 @@ build_missing() {
       "about a minute" scripts/install-envoy.sh target/envoy
   fi
   local p
-  for p in "$pilot" "$crds" "$kube_bin" "$consul_bin" "$eureka_jar" "$envoy_bin" "$nacos_bin" "${zk_jars[@]}"; do
+  for p in "$pilot" "$crds" "$kube_bin" "$consul_bin" "$eureka_jar" "$envoy_bin" "$nacos_jar" \
+    "$nacos_home/conf/application.properties" "${zk_jars[@]}"; do
     [ -e "$p" ] || fail "$p is still missing after the build"
   done
   for b in "${workspace_bins[@]}"; do
@@ -385,7 +395,7 @@ build_missing() {
   done
   step "using the adapters and mcpctl in $(show "$bin_dir") (rebuild: cargo build --workspace --bins --examples)"
   say "    and the peers: $(show "$pilot"), $(show "$kube_bin"), $(show "$consul_bin"),"
-  say "    $(show "$eureka_jar"), $(show "$envoy_bin"), $(show "$nacos_bin"), ZooKeeper from /usr/share/java"
+  say "    $(show "$eureka_jar"), $(show "$envoy_bin"), $(show "$nacos_jar"), ZooKeeper from /usr/share/java"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -448,8 +458,11 @@ zk_ready() {
     [ "$answer" = imok ]
 }
 
+# Nacos is up: its naming module reports UP and its gRPC port (where adapter-nacos watches)
+# accepts connections.
 nacos_ready() {
-  curl -sf --max-time 2 -o /dev/null "http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/service/list?pageNo=1&pageSize=1"
+  curl -sf --max-time 2 "http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/operator/metrics" | grep -q '"UP"' &&
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$NACOS_GRPC" 2>/dev/null
 }
 
 eureka_ready() {
@@ -518,48 +531,43 @@ eureka_register() {
     --data-binary @- "http://127.0.0.1:$EUREKA_PORT/eureka/apps/$app" >/dev/null
 }
 
-# rnacos, one process: configured by environment only (an empty --env-file, else it reads a
-# `.env` of its working directory or above, and none of the caller's RNACOS_* settings), its
-# data under the state dir, its web console off.
-nacos_log_from=0
+# Nacos 2.4.3, standalone with its embedded database (Derby): the release's
+# application.properties plus this demo's settings, its data and own log files under the state
+# dir. Run in that dir: the server writes Tomcat's work dir, its access log and derby.log into its
+# working directory. The JVM flags as the release's standalone start script's heap, C1 only and
+# the serial collector (a JVM that starts in about half the time on two busy cores).
 start_nacos() {
-  mkdir -p "$state/nacos"
-  : >"$state/nacos/empty.env"
-  local clear=() v
-  for v in $(compgen -e); do
-    case "$v" in RNACOS_*) clear+=(-u "$v") ;; esac
-  done
-  # The log line this start's output begins at (the log is appended to).
-  nacos_log_from=1
-  if [ -f "$logs/nacos.log" ]; then nacos_log_from=$(($(wc -l <"$logs/nacos.log") + 1)); fi
-  start_proc nacos env "${clear[@]}" RNACOS_SDK_HOST=127.0.0.1 "RNACOS_HTTP_PORT=$NACOS_PORT" \
-    "RNACOS_GRPC_PORT=$NACOS_GRPC" RNACOS_HTTP_CONSOLE_PORT=0 "RNACOS_DATA_DIR=$state/nacos/data" \
-    "$nacos_bin" --env-file "$state/nacos/empty.env"
-}
-
-# Waits for rnacos to answer. rnacos 0.8.8 has a start-up race (seen in about 1 start of 6): its
-# Raft apply actor panics before the HTTP port is bound, the server answers anyway, and every
-# write through Raft (a persistent instance) then fails with "Mailbox has closed". So a start
-# whose log shows a panic by the time it answers is stopped and made again, on fresh data.
-nacos_up() {
-  local attempt
-  for attempt in 1 2 3 4 5; do
-    wait_for nacos 60 "Nacos (rnacos) to answer its service list" nacos_ready
-    tail -n "+$nacos_log_from" "$logs/nacos.log" | grep -q 'panicked at' || return 0
-    say "    rnacos panicked while starting (attempt $attempt, its known start-up race): starting it again"
-    kill -KILL "$(pid_of nacos)" 2>/dev/null || true
-    while running nacos; do sleep 0.1; done
-    rm -rf "$state/nacos/data"
-    start_nacos
-  done
-  fail_with_log nacos "rnacos panicked at each of 5 starts"
+  mkdir -p "$state/nacos/conf"
+  {
+    cat "$nacos_home/conf/application.properties"
+    # (the release's file has no final newline)
+    printf '\n# scripts/demo.sh: no authentication on this loopback demo (the release default, said\n'
+    printf '# explicitly); no Tomcat access log (the release writes one line per HTTP request)\n'
+    printf 'nacos.core.auth.enabled=false\nserver.tomcat.accesslog.enabled=false\n'
+  } >"$state/nacos/conf/application.properties"
+  start_proc nacos env -C "$state/nacos" java -Xms256m -Xmx512m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC \
+    -Dnacos.standalone=true "-Dnacos.home=$state/nacos" "-Dnacos.logs.path=$state/nacos/logs" \
+    "-Dserver.port=$NACOS_PORT" -jar "$nacos_jar" "--spring.config.additional-location=file:$state/nacos/conf/"
 }
 
 # A persistent instance (ephemeral=false: it needs no heartbeats, and stays until deregistered)
 # through Nacos' Open API, with its version in the metadata, as Spring Cloud Alibaba registers.
+# Nacos health-checks persistent instances itself, over TCP (a connection to ip:port every few
+# seconds): the backends listen on exactly these addresses, so they stay healthy, and one that
+# stops turns unhealthy (try it below). Retried: a server that has just started may answer 500
+# until its naming executor and Raft group are ready.
 nacos_register() { # service id address version
-  curl -sf --max-time 10 -X POST -o /dev/null \
-    "http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/instance?serviceName=$1&groupName=$NACOS_GROUP&ip=$3&port=$SERVICE_PORT&weight=1&ephemeral=false&metadata=%7B%22version%22%3A%22$4%22%7D"
+  local t0=$SECONDS out=""
+  while :; do
+    out="$(curl -s --max-time 10 -X POST \
+      "http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/instance?serviceName=$1&groupName=$NACOS_GROUP&ip=$3&port=$SERVICE_PORT&weight=1&ephemeral=false&metadata=%7B%22version%22%3A%22$4%22%7D")" &&
+      [ "$out" = ok ] && return 0
+    if [ $((SECONDS - t0)) -ge 60 ]; then
+      say "    Nacos' last answer to registering $1-$2: ${out:-none}"
+      return 1
+    fi
+    sleep 1
+  done
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -567,7 +575,7 @@ nacos_register() { # service id address version
 up() {
   local t_start=$SECONDS
   need curl "the demo talks to every peer with curl"
-  need java "install a JDK >= 17 (ZooKeeper and the Eureka server need it)"
+  need java "install a JDK >= 17 (ZooKeeper, the Eureka server and Nacos need it)"
   need python3 "the backends are small Python HTTP servers"
 
   if any_running; then
@@ -659,7 +667,7 @@ EOF
     read -r r s id a v <<<"$i"
     start_proc "backend-$r-$s-$id" python3 "$here/backend.py" "$r-$s-$id" "$a" "$SERVICE_PORT"
   done
-  say "    started: mesh-kube (:$KUBE_PORT), remote-kube (:$REMOTE_KUBE_PORT), consul (:$CONSUL_PORT), zookeeper (:$ZK_PORT), eureka (:$EUREKA_PORT), nacos (:$NACOS_PORT, gRPC :$NACOS_GRPC), ${#instances[@]} backends (127.0.0.11-43:$SERVICE_PORT)"
+  say "    started: mesh-kube (:$KUBE_PORT), remote-kube (:$REMOTE_KUBE_PORT), consul (:$CONSUL_PORT), zookeeper (:$ZK_PORT), eureka (:$EUREKA_PORT), nacos (:$NACOS_PORT, gRPC :$NACOS_GRPC and :$NACOS_CLUSTER_GRPC, Raft :$NACOS_RAFT), ${#instances[@]} backends (127.0.0.11-43:$SERVICE_PORT)"
 
   step "the mesh cluster: Istio's CRDs, namespace istio-system, a Sidecar scoping egress to the adapters' namespaces"
   wait_for mesh-kube 120 "the mesh cluster's API server (/readyz)" kube_ready mesh
@@ -745,17 +753,17 @@ EOF
   start_proc adapter-eureka env RUST_LOG=info "$bin_dir/adapter-eureka" --eureka-url "http://127.0.0.1:$EUREKA_PORT/eureka" \
     --refresh-interval 1s --listen "127.0.0.1:$EUREKA_MCP" --admin-listen "127.0.0.1:$EUREKA_ADMIN"
 
-  step "Nacos: registering stock (2 instances) and reviews through its Open API (persistent instances)"
-  nacos_up
+  step "Nacos: registering stock (2 instances) and reviews through its Open API (persistent instances, health-checked by Nacos)"
+  wait_for nacos 180 "Nacos 2.4.3 (naming UP, gRPC port listening; a JVM: 20-40 s on 2 busy cores)" nacos_ready
   for i in "${instances[@]}"; do
     read -r r s id a v <<<"$i"
     [ "$r" = nacos ] || continue
     nacos_register "$s" "$id" "$a" "$v" || fail_with_log nacos "registering $s-$id in Nacos failed"
   done
   # The service list is read every second here (new services); instances are pushed over gRPC.
+  # adapter-nacos watches over gRPC at Nacos' HTTP port + 1000 (NACOS_GRPC), its default.
   start_proc adapter-nacos env RUST_LOG=info "$bin_dir/adapter-nacos" --nacos-addr "127.0.0.1:$NACOS_PORT" \
-    --grpc-port-offset $((NACOS_GRPC - NACOS_PORT)) --service-list-interval 1s \
-    --listen "127.0.0.1:$NACOS_MCP" --admin-listen "127.0.0.1:$NACOS_ADMIN"
+    --service-list-interval 1s --listen "127.0.0.1:$NACOS_MCP" --admin-listen "127.0.0.1:$NACOS_ADMIN"
 
   step "the adapters: ready, and serving what their registries hold (istiod exits if a source is down at its start)"
   wait_for adapter-consul 60 "adapter-consul to serve shop (2 endpoints) and cart" served "$CONSUL_MCP" shop=2 cart=1
@@ -893,6 +901,13 @@ show_world() {
   curl -s -X DELETE 'http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/instance?serviceName=stock&groupName=$NACOS_GROUP&ip=127.0.0.42&port=$SERVICE_PORT&ephemeral=false'
   for i in 1 2 3 4; do curl -s -H 'Host: $(nacos_name stock).nacos' http://127.0.0.1:$SERVICE_PORT/; done
   curl -s -X POST 'http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/instance?serviceName=stock&groupName=$NACOS_GROUP&ip=127.0.0.42&port=$SERVICE_PORT&weight=1&ephemeral=false&metadata=%7B%22version%22%3A%22v2%22%7D'
+
+  # Stop the process behind Nacos' reviews: Nacos' own TCP health check of persistent instances
+  # marks it unhealthy within a few seconds ("healthy":false below), adapter-nacos leaves it out,
+  # and requests to reviews get a fast 503 "no healthy upstream":
+  kill $(pid_of backend-nacos-reviews-a)
+  curl -s 'http://127.0.0.1:$NACOS_PORT/nacos/v1/ns/instance/list?serviceName=reviews&groupName=$NACOS_GROUP&healthyOnly=false'
+  curl -s -H 'Host: $(nacos_name reviews).nacos' http://127.0.0.1:$SERVICE_PORT/
 
   # Watch an adapter's ServiceEntries change as you do this (Ctrl-C to stop):
   $mcpctl get serviceentries --server xds://127.0.0.1:$CONSUL_MCP --watch

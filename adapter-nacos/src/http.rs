@@ -156,6 +156,8 @@ pub struct Server {
     pub tls: bool,
     /// The host, for TLS server names.
     pub host: String,
+    /// The gRPC port.
+    pub grpc_port: u16,
 }
 
 /// Parses `host:port`, `http://host:port` or `https://host:port`.
@@ -196,6 +198,7 @@ pub fn parse_server(raw: &str, grpc_offset: u16) -> Result<Server, HttpClientErr
         grpc: format!("{scheme}://{host_part}:{grpc_port}"),
         tls,
         host,
+        grpc_port,
     })
 }
 

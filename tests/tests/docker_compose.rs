@@ -324,7 +324,7 @@ fn istiod_mesh_config_lists_k8s_then_every_adapter() {
 #[test]
 fn seed_scripts_are_valid_shell() {
     let mut n = 0;
-    for dir in ["docker/seed", "docker/kube", "docker/nacos"] {
+    for dir in ["docker/seed", "docker/kube"] {
         for e in std::fs::read_dir(repo().join(dir)).expect("read dir") {
             let p = e.expect("entry").path();
             if p.extension().is_none_or(|x| x != "sh") {
@@ -1168,26 +1168,66 @@ fn adapter_nacos_is_configured_with_the_nacos_http_port_and_nacos_serves_grpc_be
     let port: u16 = port.parse().expect("NACOS_ADDR port");
     assert_eq!(host, "nacos", "adapter-nacos reads the nacos service");
     let nacos = service(&c, host);
+    // The official image, configured as its users configure it: by environment, through the
+    // image's own entrypoint (bin/docker-startup.sh), standalone with its embedded database.
+    assert_eq!(nacos["image"].as_str(), Some("nacos/nacos-server:v2.4.3"));
+    for key in ["entrypoint", "command"] {
+        assert!(
+            nacos[key].is_null(),
+            "nacos: no {key} of its own (the image's entrypoint reads the environment)"
+        );
+    }
     assert_eq!(
-        env_var(nacos, "RNACOS_HTTP_PORT"),
-        Some(port.to_string()),
+        env_var(nacos, "MODE").as_deref(),
+        Some("standalone"),
+        "nacos: MODE standalone (the image's default is a cluster)"
+    );
+    // Its HTTP port: the image's 8848 unless NACOS_APPLICATION_PORT moves it.
+    assert_eq!(
+        env_var(nacos, "NACOS_APPLICATION_PORT").unwrap_or_else(|| "8848".into()),
+        port.to_string(),
         "nacos listens where adapter-nacos reads"
     );
-    // The adapter watches over gRPC at the HTTP port + 1000 (its --grpc-port-offset default), as
-    // Nacos 2.x clients do; rnacos listens there unless told otherwise.
+    // Auth off: neither the adapter nor the seed sends credentials.
+    assert_ne!(env_var(nacos, "NACOS_AUTH_ENABLE").as_deref(), Some("true"));
+    for key in ["NACOS_USERNAME", "NACOS_PASSWORD", "NACOS_AUTH_FILE"] {
+        assert_eq!(env_var(a, key), None, "adapter-nacos {key} without auth");
+    }
+    // The adapter watches over gRPC at the HTTP port + 1000 (its --grpc-port-offset default),
+    // where Nacos 2.x serves its clients.
     assert_eq!(flag(a, "--grpc-port-offset"), None);
+    assert_eq!(env_var(a, "MCP_NACOS_GRPC_PORT_OFFSET"), None);
     let grpc = port + 1000;
-    assert!(
-        env_var(nacos, "RNACOS_GRPC_PORT").is_none_or(|g| g == grpc.to_string()),
-        "nacos' gRPC port is not {grpc}"
-    );
     for p in [port, grpc] {
         assert!(container_ports(nacos).contains(&p), "nacos publishes {p}");
     }
+    // The healthcheck: the image's curl of the naming module's status, on the HTTP port.
+    let hc = healthcheck(nacos);
     assert!(
-        healthcheck(nacos).contains(&format!("/dev/tcp/127.0.0.1/{port}"))
-            && healthcheck(nacos).contains("/health"),
-        "nacos' healthcheck asks GET /health on {port}"
+        hc.starts_with("CMD-SHELL curl ")
+            && hc.contains(&format!(
+                "http://localhost:{port}/nacos/v1/ns/operator/metrics"
+            ))
+            && hc.contains("UP"),
+        "nacos' healthcheck asks /nacos/v1/ns/operator/metrics on {port} for UP: {hc}"
+    );
+    // A JVM: long enough a start period for it on busy cores, and time after it.
+    let secs = |v: &Value| {
+        v.as_str()
+            .and_then(|s| s.strip_suffix('s'))
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("nacos healthcheck: a duration in seconds: {v:?}"))
+    };
+    let h = &nacos["healthcheck"];
+    assert!(
+        (60..=180).contains(&secs(&h["start_period"])),
+        "nacos start_period: {:?}",
+        h["start_period"]
+    );
+    let retries = h["retries"].as_u64().expect("nacos healthcheck retries");
+    assert!(
+        secs(&h["interval"]) * retries >= 60,
+        "nacos: a minute of retries after the start period"
     );
     assert_eq!(
         a["depends_on"]["nacos"]["condition"].as_str(),
@@ -1204,132 +1244,14 @@ fn adapter_nacos_is_configured_with_the_nacos_http_port_and_nacos_serves_grpc_be
         seed["depends_on"]["nacos"]["condition"].as_str(),
         Some("service_healthy")
     );
-    // rnacos' start-up race: the wrapper (mounted from docker/nacos/start.sh) starts it again;
-    // a later exit is the restart policy's. Its data in the image's working directory.
-    let entrypoint: Vec<&str> = nacos["entrypoint"]
-        .as_sequence()
-        .expect("nacos entrypoint")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    let script = entrypoint.last().expect("entrypoint script").to_string();
-    let mounted = nacos["volumes"]
-        .as_sequence()
-        .expect("nacos volumes")
-        .iter()
-        .filter_map(Value::as_str)
-        .find_map(|v| {
-            let parts: Vec<&str> = v.split(':').collect();
-            (parts.get(1) == Some(&script.as_str())).then(|| parts[0].to_string())
-        })
-        .unwrap_or_else(|| panic!("nacos: {script} is not mounted"));
-    assert_eq!(mounted, "./nacos/start.sh");
+    // Nacos health-checks the persistent instance the seed registers (TCP): its backend is up
+    // first.
     assert_eq!(
-        nacos["command"][0].as_str(),
-        Some("/usr/bin/rnacos"),
-        "the image's entrypoint, run by the wrapper"
+        seed["depends_on"]["backend-nacos"]["condition"].as_str(),
+        Some("service_started"),
+        "seed-nacos registers once backend-nacos runs"
     );
     assert_eq!(nacos["restart"].as_str(), Some("unless-stopped"));
-    assert_eq!(
-        env_var(nacos, "RNACOS_DATA_DIR").as_deref(),
-        Some("/io/nacos_db")
-    );
-}
-
-/// docker/nacos/start.sh with a stand-in rnacos that panics on its first two starts (as rnacos
-/// 0.8.8 does about once in six, before it answers) and then runs: started again twice, each
-/// panicked start stopped with SIGINT and its fresh data directory removed, and the third run's
-/// exit status is the script's. SIGTERM to the script reaches rnacos as SIGINT.
-#[test]
-fn nacos_start_script_starts_rnacos_again_after_its_start_up_panic() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fake = dir.path().join("rnacos");
-    std::fs::write(
-        &fake,
-        r#"#!/bin/bash
-n=$(($(cat count 2>/dev/null || echo 0) + 1)); echo "$n" > count
-[ -d data ] && echo "start $n: data left over" >> events
-mkdir -p data
-# (the sleep killed on the way out: it would hold the output pipe open)
-sleep 30 & s=$!
-trap 'echo "start $n: SIGINT" >> events; kill $s; exit 130' INT
-if [ "$n" -lt 3 ]; then
-  echo "thread 'actix-rt' panicked at src/raft/store/raftapply.rs:1:1"
-  wait $s
-  exit 1
-fi
-echo "start $n: running" >> events
-if [ "${MODE:-}" = wait ]; then wait $s; fi
-kill $s
-exit 7
-"#,
-    )
-    .expect("write stand-in");
-    let mut perm = std::fs::metadata(&fake).expect("stat").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
-    std::fs::set_permissions(&fake, perm).expect("chmod");
-    // A port nothing listens on: the stand-in never answers /health.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let script = repo().join("docker/nacos/start.sh");
-    let run = |mode: &str| {
-        let _ = std::fs::remove_file(dir.path().join("count"));
-        let _ = std::fs::remove_file(dir.path().join("events"));
-        let _ = std::fs::remove_dir_all(dir.path().join("data"));
-        // SIGINT and SIGQUIT at their defaults, as in a container: a runner that started the
-        // tests in the background (a non-interactive shell's `&`) hands them down ignored, and
-        // bash can neither trap nor reset a signal ignored on its entry, so the stand-in would
-        // never see the SIGINT the script sends (seen once: every start then waited for
-        // SIGKILL).
-        let mut cmd = Command::new("env");
-        cmd.args(["--default-signal=INT,QUIT", "bash"])
-            .arg(&script)
-            .arg(&fake)
-            .current_dir(dir.path())
-            .env("RNACOS_HTTP_PORT", closed.to_string())
-            .env("RNACOS_DATA_DIR", dir.path().join("data"))
-            .env("MODE", mode)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        cmd.spawn().expect("run docker/nacos/start.sh")
-    };
-
-    let started = std::time::Instant::now();
-    let out = run("exit").wait_with_output().expect("wait");
-    let events = read(&dir.path().join("events"));
-    assert_eq!(
-        events.lines().collect::<Vec<_>>(),
-        ["start 1: SIGINT", "start 2: SIGINT", "start 3: running"],
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(7), "rnacos' own exit status");
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("panicked at"),
-        "rnacos' output reaches the container's log"
-    );
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(20),
-        "SIGINT stopped the panicked starts ({:?})",
-        started.elapsed()
-    );
-
-    // `docker stop`: SIGTERM to the script, SIGINT to a running rnacos.
-    let child = run("wait");
-    let events = dir.path().join("events");
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !std::fs::read_to_string(&events).is_ok_and(|e| e.contains("start 3: running")) {
-        assert!(std::time::Instant::now() < end, "no third start");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let pid = child.id().to_string();
-    run_ok(Command::new("kill").args(["-TERM", &pid]), "kill -TERM");
-    let out = child.wait_with_output().expect("wait");
-    assert_eq!(out.status.code(), Some(130), "rnacos stopped by SIGINT");
-    assert!(read(&events).ends_with("start 3: SIGINT\n"));
 }
 
 /// The text between `open` and `close` in `s`.
@@ -1709,7 +1631,9 @@ fn registrations(calls: &[Call]) -> Vec<Registered> {
                     service: get("serviceName").to_string(),
                     ip: get("ip").to_string(),
                     port: json_port(&params["port"]),
-                    // rnacos ignores healthy=false, and hides enabled=false instances.
+                    // Registered unhealthy or disabled: left out by the adapter (with its health
+                    // checks on, as in the demo, Nacos then judges a persistent instance's health
+                    // itself, by a TCP connection to its address).
                     healthy: get("healthy") != "false" && get("enabled") != "false",
                     // The adapter takes a port's protocol from metadata `protocol`, else HTTP.
                     http: serde_json::from_str::<Json>(get("metadata")).is_ok_and(|m| {
