@@ -172,3 +172,65 @@ impl Drop for Process {
         self.kill();
     }
 }
+
+/// The process listening on TCP port `port` of this network namespace (any address), if one
+/// does and it can be found: its pid and command line. Read from `/proc/net/tcp{,6}` (the
+/// listening socket's inode) and `/proc/<pid>/fd` (who holds that inode).
+pub fn listener_of(port: u16) -> Option<(u32, String)> {
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    let local_port = f.get(1)?.rsplit_once(':')?.1;
+                    // State 0A is LISTEN.
+                    (u16::from_str_radix(local_port, 16).ok()? == port && *f.get(3)? == "0A")
+                        .then(|| f.get(9).map(|i| i.to_string()))
+                        .flatten()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    let wanted: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|t| wanted.iter().any(|w| t.as_os_str() == w.as_str()))
+        });
+        if holds {
+            let cmdline = std::fs::read(entry.path().join("cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            return Some((pid, cmdline.trim().to_string()));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod listener_tests {
+    use super::listener_of;
+
+    #[test]
+    fn finds_this_process_listening_and_nothing_once_closed() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let (pid, cmd) = listener_of(port).expect("found");
+        assert_eq!(pid, std::process::id());
+        assert!(!cmd.is_empty());
+        drop(l);
+        assert_eq!(listener_of(port), None);
+    }
+}
