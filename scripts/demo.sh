@@ -544,6 +544,9 @@ start_nacos() {
     printf '\n# scripts/demo.sh: no authentication on this loopback demo (the release default, said\n'
     printf '# explicitly); no Tomcat access log (the release writes one line per HTTP request)\n'
     printf 'nacos.core.auth.enabled=false\nserver.tomcat.accesslog.enabled=false\n'
+    # Nacos gives its embedded Derby 3 s to connect; creating the database on a busy machine
+    # took longer, and the server exited at start ("Login timeout exceeded").
+    printf 'db.pool.config.connectionTimeout=30000\n'
   } >"$state/nacos/conf/application.properties"
   start_proc nacos env -C "$state/nacos" java -Xms256m -Xmx512m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC \
     -Dnacos.standalone=true "-Dnacos.home=$state/nacos" "-Dnacos.logs.path=$state/nacos/logs" \

@@ -338,6 +338,11 @@ impl Nacos {
                 "mcp-tests-identity".into(),
             ),
             ("nacos.core.auth.enabled", self.options.auth.to_string()),
+            // Nacos gives its embedded Derby 3 s to hand out a connection (Hikari's
+            // connectionTimeout, also Derby's login timeout); creating the database at the
+            // first start took longer on a busy machine, and 3.0.3 exited ("load
+            // derby-schema.sql error ... Login timeout exceeded"). The server's own setting.
+            ("db.pool.config.connectionTimeout", "30000".into()),
         ];
         if let Some(ttl) = self.options.token_ttl {
             extra.push((
