@@ -417,6 +417,56 @@ mod tests {
         assert_eq!(writes_of(&api, "bad"), 4);
     }
 
+    /// #43 item 2: for a while the API server answers 500 to every write of a ServiceEntry (an
+    /// istiod rollout whose validating webhook is down). No object is counted for it: nothing is
+    /// rejected, the output says it is failing meanwhile, and once writes go through again every
+    /// object is written at once, not at the next resync.
+    #[tokio::test(start_paused = true)]
+    async fn a_storm_of_5xx_for_every_write_rejects_no_object() {
+        let api = FakeApi::new();
+        api.fail_writes("serviceentries", Some(500));
+        let entries = [("ns/a", "1"), ("ns/b", "1"), ("ns/c", "1"), ("ns/d", "1")];
+        let w = writer(&api, &entries);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let st = w.status.lock().clone();
+        assert!(st.rejected.is_empty(), "nothing rejected: {st:?}");
+        assert!(!st.in_step, "{st:?}");
+        assert!(st.last_error.is_some(), "the failure is reported: {st:?}");
+        assert!(
+            writes_of(&api, "a") >= 2,
+            "the round was tried again: {}",
+            writes_of(&api, "a")
+        );
+        api.fail_writes("serviceentries", None);
+        // The next round (after its back-off) writes them all.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(api.names(SE), ["a", "b", "c", "d"]);
+        let st = w.status.lock().clone();
+        assert!(st.in_step && st.rejected.is_empty(), "{st:?}");
+        assert_eq!(st.last_error, None, "{st:?}");
+    }
+
+    /// One object refused alone, with nothing else to write in its round: the dry-run probe
+    /// shows the API server takes writes, so it is that object's, and it is rejected.
+    #[tokio::test(start_paused = true)]
+    async fn a_5xx_for_the_only_object_is_told_apart_by_a_probe() {
+        let api = FakeApi::new();
+        api.fail("bad", 500);
+        let w = writer(&api, &[("ns/bad", "1")]);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(writes_of(&api, "bad"), 3);
+        let st = w.status.lock().clone();
+        assert!(st.rejected.contains_key("ns/bad"), "{st:?}");
+        assert!(!st.failing(), "{st:?}");
+        let probes = api
+            .log()
+            .iter()
+            .filter(|r| r.method == Method::POST && r.path == SE)
+            .count();
+        assert!(probes >= 1, "a probe was sent");
+        assert!(api.names(SE).is_empty(), "the probe stored nothing");
+    }
+
     /// The Lease task gone (its sender dropped) is not leading: nothing more is written.
     #[tokio::test(start_paused = true)]
     async fn a_closed_leadership_channel_means_not_leading() {
