@@ -89,7 +89,7 @@ impl ObjectWriter {
                     answered += 1;
                 }
                 Ok(false) => {}
-                Err(Refusal::Server(action, e)) => failed_5xx.push((action, e)),
+                Err(Refusal::Server(failed)) => failed_5xx.push(*failed),
                 Err(Refusal::Round(e)) => result = Err(e),
             }
         }
@@ -218,7 +218,7 @@ impl ObjectWriter {
                 source: e,
             })),
             // Judged with the round's other answers (`execute`).
-            (_, Some(_)) if transient(&e) => Err(Refusal::Server(action, e)),
+            (_, Some(_)) if transient(&e) => Err(Refusal::Server(Box::new((action, e)))),
             (Action::Apply { owned: false, .. }, Some(409)) => {
                 tracing::warn!(name = %name, error = %e, "Kubernetes output: a ServiceEntry of this name exists and is not this adapter's; left alone.");
                 ledger.foreign.insert(name);
@@ -251,7 +251,7 @@ impl ObjectWriter {
 /// A request that failed in a way that matters beyond its object.
 enum Refusal {
     /// A 5xx for this object: counted against it if the round's other requests went through.
-    Server(Action, kube::Error),
+    Server(Box<(Action, kube::Error)>),
     /// The round stops and backs off.
     Round(SyncError),
 }
