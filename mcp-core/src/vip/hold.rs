@@ -365,8 +365,8 @@ mod tests {
         let mut changed = BTreeSet::new();
         v.settle(now, &mut changed);
         w.step(&v, &keys, now, &changed, "start");
-        let mut next = n as u64;
         for round in 0..n {
+            let next = (n + round) as u64;
             // The oldest now is re-dated: the youngest of all.
             let oldest = order
                 .iter()
@@ -375,7 +375,6 @@ mod tests {
                 .expect("keys");
             order.insert(oldest.clone(), next);
             v.set(&oldest, dated(next));
-            next += 1;
             now += Duration::from_secs(1);
             let mut changed = BTreeSet::new();
             v.settle(now, &mut changed);
