@@ -79,6 +79,7 @@ pub fn run<C: AdapterConfig>() -> Result<(), EntryError<C::Error>> {
     let matches = cmd.clone().get_matches();
     let mut flags = Flags::<C>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     flags.common.output.config_fingerprint = crate::fingerprint::of(&cmd, &matches);
+    flags.common.output.objects_fingerprint = crate::fingerprint::of_layout_free(&cmd, &matches);
     if std::env::var_os("RUST_LOG").is_none() && C::DEFAULT_LOG_FILTER != "info" {
         // Before any thread exists (the runtime's are started below).
         std::env::set_var("RUST_LOG", C::DEFAULT_LOG_FILTER);

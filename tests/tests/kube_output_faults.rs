@@ -478,6 +478,103 @@ fn changing_the_shard_count_leaves_no_object_behind() {
     assert!(deletes >= 1.0, "svc-8 deleted by the new layout");
 }
 
+/// #43 item 3: changing the shard mode, not only the count: one process serving 2 shards ->
+/// a process per shard -> unsharded -> one process serving 2 shards again. At each step the
+/// new layout takes over every object of the one before (its Lease's holder stopped: released
+/// when it stopped, or, when it was killed, seen unchanged for its duration and the grace), with
+/// its own labels and Lease, and no owner conflict is left. Before, a layout whose Lease name differs (`--shards` against `--shard`,
+/// `--shard` against none) had another fingerprint, and the objects stayed "another adapter's"
+/// forever, never updated or deleted.
+#[test]
+#[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
+fn changing_the_shard_mode_takes_over_the_objects_of_the_layout_before() {
+    let kube = api_server(&[], &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let services: Vec<String> = (0..6).map(|i| format!("svc-{i}")).collect();
+    for (i, s) in services.iter().enumerate() {
+        write_entry(dir.path(), s, &format!("10.0.0.{}", i + 1));
+    }
+    // Name -> (shard label, Lease annotation).
+    let objects = |kube: &KubeApiServer| -> BTreeMap<String, (String, String)> {
+        owned_service_entries(kube, "file")
+            .into_iter()
+            .map(|(k, o)| {
+                let m = &o["metadata"];
+                let shard = m["labels"]["mcp-adapter/shard"].as_str().unwrap_or("");
+                let lease = m["annotations"]["mcp-adapter/lease"].as_str().unwrap_or("");
+                (k, (shard.to_string(), lease.to_string()))
+            })
+            .collect()
+    };
+    // Each layout: its processes' flags.
+    let layouts: [(&str, Vec<Vec<&str>>); 4] = [
+        ("one process, --shards 2", vec![vec!["--shards", "2"]]),
+        (
+            "a process per shard, --shard i/2",
+            vec![vec!["--shard", "0/2"], vec!["--shard", "1/2"]],
+        ),
+        ("unsharded", vec![vec![]]),
+        (
+            "one process, --shards 2, again",
+            vec![vec!["--shards", "2"]],
+        ),
+    ];
+    let mut running: Vec<Adapter> = Vec::new();
+    for (step, (what, processes)) in layouts.iter().enumerate() {
+        // The processes per shard are killed (their Leases are not released); the others stop.
+        for a in &mut running {
+            if step == 2 {
+                a.kill();
+            } else {
+                a.terminate(Duration::from_secs(10));
+            }
+        }
+        let started = Instant::now();
+        running = processes
+            .iter()
+            .map(|flags| {
+                let mut extra = flags.clone();
+                extra.extend_from_slice(&["--output-resync", "5s"]);
+                start(dir.path(), &kube.kubeconfig(), &extra)
+            })
+            .collect();
+        let sharded = !processes[0].is_empty();
+        let per_shard = processes.len() > 1;
+        wait_for(
+            Duration::from_secs(120),
+            &format!("{what}: every object taken over"),
+            || {
+                let now = objects(&kube);
+                let all_there = services
+                    .iter()
+                    .all(|s| now.contains_key(&format!("ns/{s}")));
+                // Labelled when sharded; under the Lease of the process that serves its shard.
+                let right = now.values().all(|(shard, lease)| {
+                    let lease_ok = if per_shard {
+                        *lease == format!("ns/mcp-adapter-file-shard-{shard}")
+                    } else {
+                        lease == "ns/mcp-adapter-file"
+                    };
+                    shard.is_empty() != sharded && lease_ok
+                });
+                let settled = running
+                    .iter()
+                    .all(|a| leads_in_step(a) && output(a)["ownerConflicts"] == json!([]));
+                (all_there && right && settled).then_some(())
+            },
+        );
+        eprintln!("step {step}, {what}: taken over in {:?}", started.elapsed());
+        if step == 2 {
+            // The killed processes' Leases were not released: judged by watching them.
+            assert!(
+                started.elapsed() > Duration::from_secs(25),
+                "taken over {:?} after a kill, before the Leases could be judged",
+                started.elapsed()
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
 fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
