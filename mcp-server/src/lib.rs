@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
@@ -184,14 +184,15 @@ async fn farewell(tx: &mpsc::Sender<Sent>, status: Status, shutdown: &Cancellati
 /// Runs one stream until the sink leaves, the stream breaks, a limit ends it, or shutdown.
 ///
 /// `accepted` is when its connection was accepted (`--max-connection-age` counts from it);
-/// `_slot` is its place under `--max-streams`, given back when it ends.
+/// `_slot` is its place under `--max-streams` and `--max-streams-per-peer`, given back when it
+/// ends.
 async fn drive<P: Protocol>(
     mut requests: Streaming<P::Req>,
     (tx, emptier): (mpsc::Sender<Sent>, response_body::Emptier),
     ctx: StreamContext,
     peer: String,
     accepted: Option<Instant>,
-    _slot: OwnedSemaphorePermit,
+    _slot: limits::StreamSlot,
 ) {
     let metrics = ctx.metrics;
     let limits = ctx.limits;

@@ -807,6 +807,63 @@ mod connection_bounds {
         );
     }
 
+    /// #43 item 4: one address holding idle streams on several connections (each connection
+    /// well within `--max-streams-per-connection`) until it has every `--max-streams` slot
+    /// would lock every istiod out until the connections' age. With `--max-streams 8` and
+    /// `--max-streams-per-peer 3`, 127.0.0.1 gets 3 streams over 3 connections, its 4th is
+    /// refused naming the flag, and 127.0.0.2 is still served.
+    #[test]
+    fn one_address_cannot_take_every_stream_slot() {
+        let (a, _dir) = adapter(
+            &["--max-streams", "8"],
+            &[
+                ("MCP_MAX_STREAMS_PER_PEER", "3"),
+                ("MCP_IDLE_CONNECTION_TIMEOUT", "10m"),
+            ],
+        );
+        let rt = runtime();
+        rt.block_on(async {
+            let lo = Ipv4Addr::LOCALHOST;
+            let req = framed(&delta_request(1).encode_to_vec());
+            let mut held = Vec::new();
+            for _ in 0..3 {
+                let mut c = H2::connect(a.grpc, lo).await;
+                let (resp, body) = c.stream(DELTA, req.clone()).await;
+                let resp = tokio::time::timeout(Duration::from_secs(30), resp)
+                    .await
+                    .expect("an answer")
+                    .expect("response");
+                assert_eq!(resp.headers().get("grpc-status"), None, "{resp:?}");
+                held.push((c, body, resp));
+            }
+            let mut fourth = H2::connect(a.grpc, lo).await;
+            let (resp, _body) = fourth.stream(DELTA, req.clone()).await;
+            let (code, msg) = tokio::time::timeout(Duration::from_secs(30), grpc_status(resp))
+                .await
+                .expect("the fourth stream was served, not refused");
+            assert_eq!(code, "8", "RESOURCE_EXHAUSTED: {msg}");
+            assert!(msg.contains("--max-streams-per-peer"), "{msg}");
+
+            let mut other = H2::connect(a.grpc, Ipv4Addr::new(127, 0, 0, 2)).await;
+            let (resp, _body) = other.stream(DELTA, req).await;
+            let resp = resp.await.expect("response");
+            assert_eq!(resp.headers().get("grpc-status"), None, "{resp:?}");
+            let mut body = resp.into_body();
+            let first = tokio::time::timeout(Duration::from_secs(30), body.data())
+                .await
+                .expect("a response to the other address");
+            assert!(first.expect("data").expect("data").len() > 5);
+            drop(held);
+        });
+        assert_eq!(
+            a.metric_with(
+                "mcp_adapter_refused_streams_total",
+                "limit=\"streams_per_peer\""
+            ),
+            1.0
+        );
+    }
+
     /// With `--max-connections 1` taken, 40 more connections at once: at most
     /// [`OVER_LIMIT_HELD`] of them are held (to answer their streams with a status) and the
     /// rest are closed at once; every one of them is counted and closed.
