@@ -65,6 +65,8 @@ pub struct ConnInfo {
     pub over_limit: Option<Refused>,
     /// Its open streams, for the idle timer.
     activity: Arc<Activity>,
+    /// Its large requests waiting for the budget now (`request_body`).
+    pub large_waiting: Arc<AtomicUsize>,
 }
 
 impl ConnInfo {
@@ -295,6 +297,7 @@ impl ConnLimiter {
                 accepted,
                 over_limit,
                 activity: Arc::new(Activity::new(accepted)),
+                large_waiting: Arc::default(),
             },
             slot,
             close_at,

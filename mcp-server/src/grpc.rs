@@ -162,16 +162,20 @@ fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body>
             return refused.status().into_http::<Body>();
         }
     };
+    let large_waiting = conn
+        .map(|c| Arc::clone(&c.large_waiting))
+        .unwrap_or_default();
     let on_refused = {
         let (limits, metrics, peer) = (limits.clone(), ctx.metrics.clone(), peer.clone());
         Box::new(move |r: &Refused| limits.refused(&metrics, r, P::PROTOCOL, &peer))
     };
-    let body = MeteredBody::new(
+    let (body, receiving) = MeteredBody::new(
         req.into_body(),
         limits.max_request_size,
         limits.large_requests.clone(),
         limits.bounds.request_receive_timeout,
         on_refused,
+        large_waiting,
     );
     let requests = Streaming::<P::Req>::new_request(
         tonic::codec::Codec::decoder(&mut ProstCodec::<P::Req, P::Req>::default()),
@@ -191,6 +195,7 @@ fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body>
         peer,
         accepted,
         slot,
+        receiving,
     ));
     let mut resp = Response::new(Body::new(body));
     resp.headers_mut().insert(

@@ -193,6 +193,7 @@ async fn drive<P: Protocol>(
     peer: String,
     accepted: Option<Instant>,
     _slot: limits::StreamSlot,
+    mut receiving: request_body::Receiving,
 ) {
     let metrics = ctx.metrics;
     let limits = ctx.limits;
@@ -337,9 +338,18 @@ async fn drive<P: Protocol>(
                 age_end.as_mut(),
                 &mut unacked,
                 oldest,
+                &mut receiving,
             )
             .await
             {
+                Handed::Late(refused) => {
+                    // A large request's deadline passed while the sink did not read: the
+                    // stream ends now (its share of the budget goes back with its body), not
+                    // when the sink reads again.
+                    limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
+                    emptier.empty(refused.status());
+                    return;
+                }
                 Handed::Taken => {}
                 Handed::Gone => {
                     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");

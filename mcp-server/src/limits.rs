@@ -259,6 +259,13 @@ pub enum Refused {
         /// The limit.
         timeout: Duration,
     },
+    /// A large request on a connection that already has as many waiting for the budget as
+    /// may wait on one.
+    #[error("{waiting} large requests on this connection already wait for the adapter's large-request budget (4 × --max-request-size); try again later")]
+    LargeRequestsWaiting {
+        /// How many wait.
+        waiting: usize,
+    },
 }
 
 impl Refused {
@@ -279,6 +286,7 @@ impl Refused {
             Refused::StreamsPerPeer { .. } => "streams_per_peer",
             Refused::IdleConnection { .. } => "idle_connection_timeout",
             Refused::RequestReceiveTimeout { .. } => "request_receive_timeout",
+            Refused::LargeRequestsWaiting { .. } => "large_requests_waiting",
         }
     }
 
