@@ -1093,6 +1093,12 @@ mod connection_bounds {
     /// With `--max-connections 1` taken, 40 more connections at once: at most
     /// [`OVER_LIMIT_HELD`] of them are held (to answer their streams with a status) and the
     /// rest are closed at once; every one of them is counted and closed.
+    ///
+    /// The held ones are counted in `mcp_adapter_connections{state="over_limit"}` only while
+    /// they are open (`mcp_server::conn::OVER_LIMIT_LIFE`, 1 s), so the gauge is sampled from
+    /// before the first connection until all 40 are closed: some sample must see it above 0
+    /// (else the samples say nothing) and none above the bound. Read once at the end it is 0
+    /// whatever the adapter held (an adapter holding all 40 passed).
     #[test]
     fn connections_over_the_limit_are_closed_and_few_are_held() {
         let (a, _dir) = adapter(
@@ -1100,8 +1106,17 @@ mod connection_bounds {
             &[("MCP_IDLE_CONNECTION_TIMEOUT", "10m")],
         );
         let rt = runtime();
-        let (closed_after, _within) = rt.block_on(async {
-            let within = H2::connect(a.grpc, Ipv4Addr::LOCALHOST).await;
+        let within = rt.block_on(H2::connect(a.grpc, Ipv4Addr::LOCALHOST));
+        wait_for(
+            Duration::from_secs(30),
+            "the connection within the limit",
+            || {
+                let served = a.metric_with("mcp_adapter_connections", "state=\"served\"");
+                (served == 1.0).then_some(())
+            },
+        );
+        let sampler = OverLimitSampler::start(a.admin);
+        let closed_after = rt.block_on(async {
             let start = Instant::now();
             let mut waits = Vec::new();
             for _ in 0..40 {
@@ -1125,20 +1140,74 @@ mod connection_bounds {
                 closed.push(t);
             }
             closed.sort();
-            (closed, within)
+            closed
         });
+        let samples = sampler.finish();
+        let seen = samples.iter().copied().fold(0.0, f64::max);
         eprintln!(
-            "40 connections over --max-connections: closed after min {:?}, median {:?}, max {:?}",
-            closed_after[0], closed_after[20], closed_after[39]
+            "40 connections over --max-connections: closed after min {:?}, median {:?}, max {:?}; \
+             over_limit gauge over {} samples while they were open: max {seen}",
+            closed_after[0],
+            closed_after[20],
+            closed_after[39],
+            samples.len()
+        );
+        assert!(
+            seen > 0.0,
+            "no sample of {} saw a held over-limit connection: the samples say nothing",
+            samples.len()
+        );
+        assert!(
+            seen <= OVER_LIMIT_HELD,
+            "{seen} over-limit connections held at once (bound {OVER_LIMIT_HELD})"
         );
         assert_eq!(refused_conns(&a, "connections"), 40.0);
-        assert!(
-            a.metric_with("mcp_adapter_connections", "state=\"over_limit\"") <= OVER_LIMIT_HELD
+        assert_eq!(
+            a.metric_with("mcp_adapter_connections", "state=\"over_limit\""),
+            0.0,
+            "every held connection closed"
         );
         assert_eq!(
             a.metric_with("mcp_adapter_connections", "state=\"served\""),
             1.0
         );
+        drop(within);
+    }
+
+    /// Samples `mcp_adapter_connections{state="over_limit"}` on its own thread, as often as
+    /// `/metrics` answers, until [`OverLimitSampler::finish`].
+    struct OverLimitSampler {
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        thread: std::thread::JoinHandle<Vec<f64>>,
+    }
+
+    impl OverLimitSampler {
+        fn start(admin: SocketAddr) -> Self {
+            use std::sync::atomic::Ordering;
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let st = stop.clone();
+            let thread = std::thread::spawn(move || {
+                let mut samples = Vec::new();
+                while !st.load(Ordering::SeqCst) {
+                    if let Ok((200, text)) = e2e::http_get(admin, "/metrics") {
+                        let lines: String = text
+                            .lines()
+                            .filter(|l| l.contains("state=\"over_limit\""))
+                            .map(|l| format!("{l}\n"))
+                            .collect();
+                        samples.push(e2e::metric_sum(&lines, "mcp_adapter_connections"));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                samples
+            });
+            Self { stop, thread }
+        }
+
+        fn finish(self) -> Vec<f64> {
+            self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.thread.join().expect("sampler")
+        }
     }
 
     /// Four streams announce 16 MiB requests (the whole large-request budget at the default
