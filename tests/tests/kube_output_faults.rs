@@ -6,7 +6,7 @@
 //! namespace the output may not read holds back only its own objects.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -57,9 +57,22 @@ fn uids(kube: &KubeApiServer) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Lists of ServiceEntries the output of `a` sent (any answer).
+fn lists(a: &Adapter) -> f64 {
+    a.kube_writes("list")
+}
+
 /// Watches for `window` that every object in `expected` keeps its uid (never deleted, not even
-/// deleted and written back); panics naming the first one that went.
-fn never_deleted(kube: &KubeApiServer, expected: &BTreeMap<String, String>, window: Duration) {
+/// deleted and written back); panics naming the first one that went. Each of `listers` must
+/// list at least twice inside the window: what the first list led to (a delete) is sent before
+/// the second starts, so the window saw it (a window without a re-list proves nothing).
+fn never_deleted(
+    kube: &KubeApiServer,
+    expected: &BTreeMap<String, String>,
+    window: Duration,
+    listers: &[&Adapter],
+) {
+    let before: Vec<f64> = listers.iter().map(|a| lists(a)).collect();
     let end = Instant::now() + window;
     while Instant::now() < end {
         let now = uids(kube);
@@ -68,6 +81,84 @@ fn never_deleted(kube: &KubeApiServer, expected: &BTreeMap<String, String>, wind
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    for (a, before) in listers.iter().zip(before) {
+        let after = lists(a);
+        assert!(
+            after - before >= 2.0,
+            "{} list(s) in the {window:?} window ({before} before, {after} after): no re-list \
+             was watched\n{}",
+            after - before,
+            a.log_tail()
+        );
+    }
+}
+
+/// An API server as [`api_server`] makes, recording every ServiceEntry request (metadata) in
+/// the audit log it returns.
+fn audited_api_server(
+    users: &[TokenUser],
+    namespaces: &[&str],
+    dir: &Path,
+) -> (KubeApiServer, PathBuf) {
+    let (policy, log) = (dir.join("audit-policy.yaml"), dir.join("audit.log"));
+    std::fs::write(
+        &policy,
+        json!({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {"level": "Metadata", "resources": [
+                    {"group": "networking.istio.io", "resources": ["serviceentries"]},
+                ]},
+                {"level": "None"},
+            ],
+        })
+        .to_string(),
+    )
+    .expect("write the audit policy");
+    let args = [
+        format!("--audit-log-path={}", log.display()),
+        format!("--audit-policy-file={}", policy.display()),
+        // Each event written before the request is answered: read while the server runs.
+        "--audit-log-mode=blocking".to_string(),
+    ];
+    let kube =
+        KubeApiServer::start_with(users, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    for ns in std::iter::once(&"ns").chain(namespaces) {
+        kube.namespace(ns);
+    }
+    apply_istio_crds(&kube);
+    (kube, log)
+}
+
+/// A ServiceEntry request as the audit log recorded it (answered: stage ResponseComplete).
+#[derive(Debug, PartialEq)]
+struct Audited {
+    user: String,
+    verb: String,
+    namespace: String,
+    name: String,
+    code: i64,
+}
+
+fn audited(log: &Path) -> Vec<Audited> {
+    std::fs::read_to_string(log)
+        .expect("read the audit log")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter(|e| e["objectRef"]["resource"] == "serviceentries")
+        .map(|e| {
+            let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+            Audited {
+                user: text(&e["user"]["username"]),
+                verb: text(&e["verb"]),
+                namespace: text(&e["objectRef"]["namespace"]),
+                name: text(&e["objectRef"]["name"]),
+                code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
+            }
+        })
+        .collect()
 }
 
 fn names(list: &Value) -> Vec<String> {
@@ -113,7 +204,7 @@ fn two_file_adapters_with_their_own_leases_never_delete_each_others_objects() {
     });
     let all = uids(&kube);
     // Several re-lists of each: nothing of either is ever deleted.
-    never_deleted(&kube, &all, Duration::from_secs(6));
+    never_deleted(&kube, &all, Duration::from_secs(6), &[&a, &b]);
     // Each names the other: its Lease, its holder, how many objects.
     for (me, other_lease, other) in [
         (&a, "lease-b/mcp-adapter-file", "adapter-b"),
@@ -153,7 +244,7 @@ fn two_file_adapters_with_their_own_leases_never_delete_each_others_objects() {
     // b stops (its Lease released): a still never takes b's objects, which b finds as it left
     // them when it comes back.
     b.terminate(Duration::from_secs(10));
-    never_deleted(&kube, &all, Duration::from_secs(4));
+    never_deleted(&kube, &all, Duration::from_secs(4), &[&a]);
     assert_eq!(
         output(&a)["ownerConflicts"][0]["holder"],
         "nobody now (the Lease is not held)"
@@ -174,7 +265,7 @@ fn two_file_adapters_with_their_own_leases_never_delete_each_others_objects() {
             .is_some_and(|o| endpoints(o) == ["10.0.0.22"])
             .then_some(())
     });
-    never_deleted(&kube, &all, Duration::from_secs(2));
+    never_deleted(&kube, &all, Duration::from_secs(3), &[&a]);
 }
 
 #[test]
@@ -214,7 +305,7 @@ fn two_file_adapters_sharing_one_lease_never_delete_each_others_objects() {
     );
     assert!(output(&b)["leaseConflict"].is_string(), "{}", output(&b));
     // Several of a's re-lists and b's Lease looks: nothing of a's is deleted, b writes nothing.
-    never_deleted(&kube, &all, Duration::from_secs(6));
+    never_deleted(&kube, &all, Duration::from_secs(6), &[&a]);
     assert_eq!(uids(&kube), all);
     assert_eq!(b.kube_writes("apply") + b.kube_writes("delete"), 0.0);
     assert_eq!(a.kube_writes("delete"), 0.0);
@@ -407,14 +498,15 @@ fn changing_the_shard_count_leaves_no_object_behind() {
     for (i, s) in services.iter().enumerate() {
         write_entry(dir.path(), s, &format!("10.0.0.{}", i + 1));
     }
-    let shard_labels = |kube: &KubeApiServer| -> BTreeMap<String, String> {
+    // Name -> (shard label, uid).
+    let shard_labels = |kube: &KubeApiServer| -> BTreeMap<String, (String, String)> {
         owned_service_entries(kube, "file")
             .into_iter()
             .map(|(k, o)| {
-                let l = o["metadata"]["labels"]["mcp-adapter/shard"]
-                    .as_str()
-                    .unwrap_or("");
-                (k, l.to_string())
+                let m = &o["metadata"];
+                let l = m["labels"]["mcp-adapter/shard"].as_str().unwrap_or("");
+                let uid = m["uid"].as_str().unwrap_or("");
+                (k, (l.to_string(), uid.to_string()))
             })
             .collect()
     };
@@ -442,30 +534,40 @@ fn changing_the_shard_count_leaves_no_object_behind() {
             .eq(wanted.iter().map(String::as_str))
             && labels
                 .values()
-                .all(|l| l.ends_with(&format!("-of-{count}")))
+                .all(|(l, _)| l.ends_with(&format!("-of-{count}")))
     };
     let mut two = run(2);
     wait_for(WAIT, "two shards write every service", || {
         converged(&kube, 2, &services).then_some(())
     });
+    let before = shard_labels(&kube);
     for a in &mut two {
         a.terminate(Duration::from_secs(10));
     }
     // While no adapter runs, svc-8 leaves: the new layout must delete its old object too.
     std::fs::remove_file(dir.path().join("svc-8.yaml")).expect("remove");
     let three = run(3);
-    // Every served name stays in the API server throughout the hand-over (no process deletes
-    // an object another one is about to take over).
+    // Every served object stays in the API server throughout the hand-over, the same object
+    // (its uid: a delete and re-create between two looks would not show in the names): no
+    // process deletes an object another one is about to take over.
     let served: Vec<String> = services[..8].iter().map(|s| format!("ns/{s}")).collect();
+    let uid_of = |labels: &BTreeMap<String, (String, String)>, n: &String| {
+        labels.get(n).map(|(_, uid)| uid.clone())
+    };
     wait_for(
         WAIT,
         "three shards hold every service, nothing of two left",
         || {
             let now = shard_labels(&kube);
-            let missing: Vec<&String> = served.iter().filter(|n| !now.contains_key(*n)).collect();
+            let replaced: Vec<(&String, Option<String>, Option<String>)> = served
+                .iter()
+                .filter(|n| uid_of(&now, n) != uid_of(&before, n))
+                .map(|n| (n, uid_of(&before, n), uid_of(&now, n)))
+                .collect();
             assert!(
-                missing.is_empty(),
-                "{missing:?} missing during the hand-over"
+                replaced.is_empty(),
+                "missing or re-created during the hand-over (name, uid before, uid now): \
+                 {replaced:?}"
             );
             converged(&kube, 3, &services[..8]).then_some(())
         },
@@ -473,6 +575,12 @@ fn changing_the_shard_count_leaves_no_object_behind() {
     for a in &three {
         wait_for(WAIT, "in step", || leads_in_step(a).then_some(()));
         assert_eq!(output(a)["ownerConflicts"], json!([]), "{}", output(a));
+    }
+    // And once all are in step: every object the two-shard layout wrote and three still serve
+    // is the one it wrote.
+    let now = shard_labels(&kube);
+    for n in &served {
+        assert_eq!(uid_of(&now, n), uid_of(&before, n), "{n} re-created");
     }
     let deletes: f64 = three.iter().map(|a| a.kube_writes("delete")).sum();
     assert!(deletes >= 1.0, "svc-8 deleted by the new layout");
@@ -579,7 +687,10 @@ fn changing_the_shard_mode_takes_over_the_objects_of_the_layout_before() {
 #[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
 fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
     let writer = TokenUser::new("writer-token", "writer");
-    let kube = api_server(std::slice::from_ref(&writer), &["closed"]);
+    // Every ServiceEntry request in the audit log: what the adapter sent to closed, not only
+    // what RBAC let through.
+    let audit = tempfile::tempdir().expect("tempdir");
+    let (kube, log) = audited_api_server(std::slice::from_ref(&writer), &["closed"], audit.path());
     // The writer may work on ServiceEntries in ns (and its Lease there), nothing in closed.
     kube.apply(
         "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/roles",
@@ -623,12 +734,20 @@ fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
             "ns,closed",
             "--output-lease-namespace",
             "ns",
+            // A re-list (and a new plan) every second: each could send closed's object.
+            "--output-resync",
+            "1s",
         ],
     );
     wait_for(WAIT, "ns/open written despite closed", || {
         owned_service_entries(&kube, "file")
             .contains_key("ns/open")
             .then_some(())
+    });
+    // Two more rounds after the write, each a list of both namespaces and a plan.
+    let listed = lists(&a);
+    wait_for(WAIT, "two more lists of ns and closed", || {
+        (lists(&a) >= listed + 4.0).then_some(())
     });
     let o = output(&a);
     assert!(
@@ -643,4 +762,46 @@ fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
     assert!(kube
         .get("/apis/networking.istio.io/v1/namespaces/closed/serviceentries/shut")
         .is_none());
+    // That shut is absent is RBAC's doing; the adapter's is that it never asked. Only lists
+    // went to closed (refused, 403), and the one write of all is ns/open's apply.
+    let requests: Vec<Audited> = audited(&log)
+        .into_iter()
+        .filter(|r| r.user == "writer")
+        .collect();
+    let to_closed: Vec<&Audited> = requests
+        .iter()
+        .filter(|r| r.namespace == "closed")
+        .collect();
+    assert!(
+        !to_closed.is_empty() && to_closed.iter().all(|r| r.verb == "list" && r.code == 403),
+        "requests to closed other than refused lists: {to_closed:?}\n{}",
+        a.log_tail()
+    );
+    let writes: Vec<&Audited> = requests
+        .iter()
+        .filter(|r| !["list", "get", "watch"].contains(&r.verb.as_str()))
+        .collect();
+    assert_eq!(
+        writes,
+        [&Audited {
+            user: "writer".into(),
+            verb: "patch".into(),
+            namespace: "ns".into(),
+            name: "open".into(),
+            // Created by the apply.
+            code: 201,
+        }],
+        "{}",
+        a.log_tail()
+    );
+    assert_eq!(
+        (
+            a.kube_writes("apply"),
+            a.kube_writes("delete"),
+            a.kube_writes("probe")
+        ),
+        (1.0, 0.0, 0.0),
+        "{}",
+        a.log_tail()
+    );
 }

@@ -158,7 +158,20 @@ fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
     proxy.stall();
     let stalled = Instant::now();
     std::thread::sleep(RENEW_DEADLINE + Duration::from_secs(2));
-    eprintln!("a after the renew deadline: {}", output(&a));
+    // By then a says it no longer leads (its admin port is not behind the proxy): the Lease's
+    // metric and the writer's status both.
+    let status = output(&a);
+    eprintln!("a after the renew deadline: {status}");
+    assert_eq!(
+        a.metric("mcp_adapter_kube_output_leader"),
+        0.0,
+        "a still leads {:?} after the stall: {status}\n{}",
+        stalled.elapsed(),
+        a.log_tail()
+    );
+    assert_eq!(status["leader"], false, "{status}\n{}", a.log_tail());
+    // Nor did b take over yet: the Lease has not been unchanged for its duration.
+    assert_eq!(b.metric("mcp_adapter_kube_output_leader"), 0.0);
     // Both replicas see this change; only a leader may write it. It comes after a's deadline
     // on purpose: a write a sends while it still leads (before the deadline) is held by the
     // partition like any packet and may land after the takeover; keeping those out needs the
@@ -171,9 +184,13 @@ fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
     );
     eprintln!("b took over {:?} after the stall", stalled.elapsed());
 
-    // a's network heals: whatever it still held back arrives now.
+    // a's network heals: whatever it still held back arrives now. The audit log is read only
+    // once a has been answered again and says it follows: a write it held back is in the log
+    // by then, not still on its way.
     proxy.resume();
-    std::thread::sleep(Duration::from_secs(5));
+    a.wait_admin(WAIT, "replica a follows", "/readyz", |_, body| {
+        body.contains("kube output: following")
+    });
     // A later change, written by b: the audit log covers the whole window after the takeover.
     write_entry(dir.path(), "pay", "10.0.0.33");
     wait_for(WAIT, "replica b writes pay's change", || {
@@ -207,11 +224,9 @@ fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
         "a's writes reached the API server after b's first write ({takeover}): {late:?}\n{}",
         a.log_tail()
     );
-    // a is back in touch and follows.
-    a.wait_admin(WAIT, "replica a follows", "/readyz", |_, body| {
-        body.contains("kube output: following")
-    });
+    // a still follows.
     assert_eq!(output(&a)["leader"], false);
+    assert_eq!(a.metric("mcp_adapter_kube_output_leader"), 0.0);
     assert_eq!(output(&b)["leader"], true);
     drop(proxy);
 }
