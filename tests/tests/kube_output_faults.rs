@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use e2e::istiod::apply_istio_crds;
-use e2e::kube::{KubeApiServer, TokenUser};
+use e2e::kube::{audit_args, audited, Audited, KubeApiServer, TokenUser};
 use e2e::kube_output::{endpoints, leads_in_step, output, start_file_adapter, write_entry};
 use e2e::mesh::{self, owned_service_entries};
 use e2e::{wait_for, Adapter};
@@ -100,28 +100,7 @@ fn audited_api_server(
     namespaces: &[&str],
     dir: &Path,
 ) -> (KubeApiServer, PathBuf) {
-    let (policy, log) = (dir.join("audit-policy.yaml"), dir.join("audit.log"));
-    std::fs::write(
-        &policy,
-        json!({
-            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
-            "omitStages": ["RequestReceived"],
-            "rules": [
-                {"level": "Metadata", "resources": [
-                    {"group": "networking.istio.io", "resources": ["serviceentries"]},
-                ]},
-                {"level": "None"},
-            ],
-        })
-        .to_string(),
-    )
-    .expect("write the audit policy");
-    let args = [
-        format!("--audit-log-path={}", log.display()),
-        format!("--audit-policy-file={}", policy.display()),
-        // Each event written before the request is answered: read while the server runs.
-        "--audit-log-mode=blocking".to_string(),
-    ];
+    let (args, log) = audit_args(dir, &[("networking.istio.io", "serviceentries")]);
     let kube =
         KubeApiServer::start_with(users, &args.iter().map(String::as_str).collect::<Vec<_>>());
     for ns in std::iter::once(&"ns").chain(namespaces) {
@@ -129,36 +108,6 @@ fn audited_api_server(
     }
     apply_istio_crds(&kube);
     (kube, log)
-}
-
-/// A ServiceEntry request as the audit log recorded it (answered: stage ResponseComplete).
-#[derive(Debug, PartialEq)]
-struct Audited {
-    user: String,
-    verb: String,
-    namespace: String,
-    name: String,
-    code: i64,
-}
-
-fn audited(log: &Path) -> Vec<Audited> {
-    std::fs::read_to_string(log)
-        .expect("read the audit log")
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["stage"] == "ResponseComplete")
-        .filter(|e| e["objectRef"]["resource"] == "serviceentries")
-        .map(|e| {
-            let text = |v: &Value| v.as_str().unwrap_or("").to_string();
-            Audited {
-                user: text(&e["user"]["username"]),
-                verb: text(&e["verb"]),
-                namespace: text(&e["objectRef"]["namespace"]),
-                name: text(&e["objectRef"]["name"]),
-                code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
-            }
-        })
-        .collect()
 }
 
 fn names(list: &Value) -> Vec<String> {
@@ -764,7 +713,7 @@ fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
         .is_none());
     // That shut is absent is RBAC's doing; the adapter's is that it never asked. Only lists
     // went to closed (refused, 403), and the one write of all is ns/open's apply.
-    let requests: Vec<Audited> = audited(&log)
+    let requests: Vec<Audited> = audited(&log, "serviceentries")
         .into_iter()
         .filter(|r| r.user == "writer")
         .collect();
@@ -781,19 +730,19 @@ fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
         .iter()
         .filter(|r| !["list", "get", "watch"].contains(&r.verb.as_str()))
         .collect();
-    assert_eq!(
-        writes,
-        [&Audited {
-            user: "writer".into(),
-            verb: "patch".into(),
-            namespace: "ns".into(),
-            name: "open".into(),
-            // Created by the apply.
-            code: 201,
-        }],
-        "{}",
-        a.log_tail()
-    );
+    // The one write: ns/open's apply, created (201).
+    let said: Vec<(&str, &str, &str, i64)> = writes
+        .iter()
+        .map(|r| {
+            (
+                r.verb.as_str(),
+                r.namespace.as_str(),
+                r.name.as_str(),
+                r.code,
+            )
+        })
+        .collect();
+    assert_eq!(said, [("patch", "ns", "open", 201)], "{}", a.log_tail());
     assert_eq!(
         (
             a.kube_writes("apply"),
