@@ -10,8 +10,11 @@
 //!
 //! Faults: [`FakeApi::stall`] makes every request from then on hang unanswered (as an API server
 //! or a network that stopped answering, with the connection still open) until
-//! [`FakeApi::resume`]; [`FakeApi::fail`] answers every write of one object with a status. Every request is logged with when it arrived and how it ended, so a test
-//! can show that a call was still pending at some instant.
+//! [`FakeApi::resume`]; [`FakeApi::fail`] answers every write of one object with a status, and
+//! [`FakeApi::fail_writes`] every write of a kind of resource (an admission webhook that is
+//! down), dry runs included. A dry-run write (`?dryRun=All`) is answered and stores nothing.
+//! Every request is logged with when it arrived and how it ended, so a test can show that a
+//! call was still pending at some instant.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -52,6 +55,8 @@ struct State {
     log: Vec<Logged>,
     /// Writes of these object names answered with this status.
     failing: BTreeMap<String, u16>,
+    /// Writes of this resource (plural) answered with this status.
+    failing_writes: BTreeMap<String, u16>,
 }
 
 /// The fake API server; clones share it.
@@ -96,6 +101,16 @@ impl FakeApi {
         self.lock().failing.insert(name.to_string(), code);
     }
 
+    /// Every write (POST, PATCH, PUT, DELETE) of resource `plural` (`serviceentries`) is
+    /// answered with `code`; `None` ends that.
+    pub fn fail_writes(&self, plural: &str, code: Option<u16>) {
+        let mut s = self.lock();
+        match code {
+            Some(c) => s.failing_writes.insert(plural.to_string(), c),
+            None => s.failing_writes.remove(plural),
+        };
+    }
+
     /// The names of the objects of a collection (`/apis/.../namespaces/<ns>/<plural>`).
     pub fn names(&self, collection: &str) -> Vec<String> {
         let prefix = format!("{}/", collection.trim_end_matches('/'));
@@ -133,6 +148,10 @@ impl FakeApi {
     async fn handle(self, req: Request<Body>) -> Response<Body> {
         let method = req.method().clone();
         let path = req.uri().path().to_string();
+        let dry_run = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "dryRun=All"));
         let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
         let body = serde_json::from_slice::<Value>(&bytes).ok();
         let index = {
@@ -156,7 +175,7 @@ impl FakeApi {
         let mut stalled = self.stalled.subscribe();
         // The sender lives in `self`: the channel cannot close while this waits.
         let _ = stalled.wait_for(|s| !*s).await;
-        let (status, answer) = self.answer(&method, &path, body);
+        let (status, answer) = self.answer(&method, &path, body, dry_run);
         guard.answered = true;
         self.lock().log[index].answered = Some((status.as_u16(), Instant::now()));
         let mut resp = Response::new(Body::from(answer.to_string().into_bytes()));
@@ -168,11 +187,25 @@ impl FakeApi {
         resp
     }
 
-    fn answer(&self, method: &Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    fn answer(
+        &self,
+        method: &Method,
+        path: &str,
+        body: Option<Value>,
+        dry_run: bool,
+    ) -> (StatusCode, Value) {
         let Some(target) = Target::parse(path) else {
             return failure(StatusCode::NOT_FOUND, "NotFound", path);
         };
         let mut s = self.lock();
+        if let Some(code) = s
+            .failing_writes
+            .get(target.plural)
+            .filter(|_| method != Method::GET)
+        {
+            let code = StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return failure(code, "InternalError", "injected failure of every write");
+        }
         if let Some(code) = target
             .name
             .filter(|_| method != Method::GET)
@@ -202,11 +235,12 @@ impl FakeApi {
                 };
                 let uid = match (s.objects.get(path), obj["metadata"]["uid"].as_str()) {
                     (Some(current), Some(sent)) if current["metadata"]["uid"] != sent => {
-                        return failure(
-                            StatusCode::CONFLICT,
-                            "Conflict",
-                            "the UID in the object does not match the stored object's",
+                        // The API server's own words.
+                        let message = format!(
+                            "Precondition failed: UID in precondition: {sent}, UID in object meta: {}",
+                            current["metadata"]["uid"].as_str().unwrap_or_default()
                         );
+                        return failure(StatusCode::CONFLICT, "Conflict", &message);
                     }
                     (Some(current), _) => current["metadata"]["uid"].clone(),
                     (None, _) => json!(format!("uid-{}", s.version + 1)),
@@ -258,6 +292,9 @@ impl FakeApi {
                 if s.objects.contains_key(&key) {
                     return failure(StatusCode::CONFLICT, "AlreadyExists", &key);
                 }
+                if dry_run {
+                    return (StatusCode::CREATED, obj);
+                }
                 s.version += 1;
                 obj["metadata"]["resourceVersion"] = json!(s.version.to_string());
                 obj["metadata"]["namespace"] = json!(target.namespace);
@@ -270,7 +307,12 @@ impl FakeApi {
                 };
                 let want = body.as_ref().map(|b| &b["preconditions"]["uid"]);
                 if want.is_some_and(|u| u.is_string() && *u != current["metadata"]["uid"]) {
-                    return failure(StatusCode::CONFLICT, "Conflict", "uid precondition failed");
+                    let message = format!(
+                        "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                        want.and_then(|u| u.as_str()).unwrap_or_default(),
+                        current["metadata"]["uid"].as_str().unwrap_or_default()
+                    );
+                    return failure(StatusCode::CONFLICT, "Conflict", &message);
                 }
                 s.objects.remove(path);
                 (
@@ -286,6 +328,7 @@ impl FakeApi {
 /// A namespaced resource path: its namespace and, for one object, its name.
 struct Target<'a> {
     namespace: &'a str,
+    plural: &'a str,
     name: Option<&'a str>,
 }
 
@@ -299,12 +342,14 @@ impl<'a> Target<'a> {
             _ => return None,
         };
         match rest {
-            ["namespaces", ns, _plural] => Some(Target {
+            ["namespaces", ns, plural] => Some(Target {
                 namespace: ns,
+                plural,
                 name: None,
             }),
-            ["namespaces", ns, _plural, name] => Some(Target {
+            ["namespaces", ns, plural, name] => Some(Target {
                 namespace: ns,
+                plural,
                 name: Some(name),
             }),
             _ => None,

@@ -68,6 +68,9 @@ pub struct OutputConfig {
     /// What this adapter serves, as a fingerprint of its flags: replicas share it, another
     /// adapter with the same ownership labels does not (kept on the Lease).
     pub fingerprint: String,
+    /// The same without the shard layout: written on every object, so that the same adapter
+    /// in another layout takes over its objects once their Lease has no holder.
+    pub objects_fingerprint: String,
 }
 
 /// Whether the registry has synced once (the runtime knows; the output never writes before).
@@ -351,7 +354,7 @@ pub async fn start(
         owner,
         stamp: object::Stamp {
             lease: format!("{lease_namespace}/{lease_name}"),
-            config: args.fingerprint.clone(),
+            config: args.objects_fingerprint.clone(),
         },
         namespaces: args.namespaces.clone(),
         limiter: limiter::Limiter::new(args.qps, args.burst),
@@ -363,6 +366,7 @@ pub async fn start(
         metrics: parts.metrics,
         leader: leader_rx,
         shutdown: parts.shutdown,
+        leases_seen: Default::default(),
     };
     Ok((elect, writer.run()))
 }

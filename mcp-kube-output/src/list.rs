@@ -1,13 +1,13 @@
 //! The leader's metadata-only list of the output's namespaces: which ServiceEntries are this
 //! process's, which are another writer's, and who that writer is.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
+use tokio::time::Instant;
 
 use super::client::status_code;
 use super::lease::LEASE_DURATION;
@@ -22,10 +22,30 @@ use mcp_core::clip::clip_error;
 /// Page size of the metadata list.
 const LIST_PAGE: u32 = 500;
 
-/// A Lease renewed longer ago than its duration plus this (by its `renewTime` against this
-/// machine's clock) has no live holder: its objects are taken over. The margin covers clock skew
-/// between machines and a holder's renewal retries.
+/// A Lease this process has seen unchanged for longer than its duration plus this (by this
+/// process's own clock) has no live holder: its objects are taken over. The margin covers a
+/// holder's renewal retries.
 const LEASE_GRACE: Duration = Duration::from_secs(15);
+
+/// Other writers' Leases as last seen: their resourceVersion and since when (this process's
+/// clock) it has been that. A Lease's holder is judged by whether the Lease changes, as
+/// client-go's leader election judges one: its `renewTime` was written by another machine's
+/// clock, which may be minutes off this one's (`lease.rs` never compares them either).
+#[derive(Debug, Default)]
+pub(crate) struct LeasesSeen(HashMap<String, (String, Instant)>);
+
+impl LeasesSeen {
+    /// Records that `lease` is at `version` now; how long it has been unchanged.
+    fn unchanged_for(&mut self, lease: &str, version: &str, now: Instant) -> Duration {
+        match self.0.get(lease) {
+            Some((v, since)) if v == version => now.duration_since(*since),
+            _ => {
+                self.0.insert(lease.to_string(), (version.to_string(), now));
+                Duration::ZERO
+            }
+        }
+    }
+}
 
 /// What a list found.
 #[derive(Debug, Default)]
@@ -197,26 +217,28 @@ impl ObjectWriter {
         );
     }
 
-    /// Whether the Lease `namespace/name` has a live holder. A Lease this process cannot read
-    /// counts as live: its objects are left alone rather than taken.
+    /// Whether the Lease `namespace/name` has a live holder: it has one, and this process has
+    /// not seen it unchanged for its duration plus [`LEASE_GRACE`]. A Lease seen for the first
+    /// time has one (its objects are looked at again at the next list, within seconds while
+    /// there is such a conflict). A Lease this process cannot read counts as live: its objects
+    /// are left alone rather than taken.
     async fn holder(&mut self, lease: &str) -> Holder {
         let (ns, name) = object::split_name(lease);
         let api: Api<Lease> = Api::namespaced(self.client.clone(), ns);
         self.limiter.acquire().await;
         match api.get_opt(name).await {
             Ok(Some(l)) => {
+                let version = l.metadata.resource_version.clone().unwrap_or_default();
                 let spec = l.spec.unwrap_or_default();
                 let holder = spec.holder_identity.unwrap_or_default();
                 let held_for = Duration::from_secs(
                     spec.lease_duration_seconds
                         .map_or(LEASE_DURATION.as_secs(), |s| s.max(1) as u64),
                 ) + LEASE_GRACE;
-                let renewed = spec.renew_time.map(|t| t.0);
-                let fresh = renewed.is_some_and(|r| {
-                    let age = Timestamp::now().duration_since(r);
-                    age.as_secs_f64() < held_for.as_secs_f64()
-                });
-                if holder.is_empty() || !fresh {
+                let unchanged = self
+                    .leases_seen
+                    .unchanged_for(lease, &version, Instant::now());
+                if holder.is_empty() || unchanged >= held_for {
                     Holder::Gone
                 } else {
                     Holder::Live(holder)

@@ -1,10 +1,15 @@
 //! The leader's requests: a plan's applies and deletes sent a few at a time under the rate
-//! limit, each outcome kept in the ledger. An object the API server keeps refusing with a 5xx
-//! is rejected on its own after a few tries; only a failure of the way to the API server (no
-//! answer, 429, or a round where every request failed) ends the round.
+//! limit, each outcome kept in the ledger. A 5xx is counted against its object only when the
+//! same round shows that the API server takes writes: another request went through, or, in a
+//! round of nothing else, a dry-run create of a probe ServiceEntry (it passes admission and its
+//! webhooks, and stores nothing). An object refused that way a few times in a row is rejected on
+//! its own. A round with nothing taken (the API server unwell: an istiod rollout whose validating
+//! webhook answers 500 to every write, an etcd leader election) counts against no object: it
+//! ends the round, which is tried again after a back-off, and the output reports itself failing
+//! meanwhile. So do the failures of the way to the API server (no answer, 429).
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use tokio::time::Instant;
 
 use super::client::{status_code, transient};
@@ -12,6 +17,9 @@ use super::object::{self, Stamp, FIELD_MANAGER};
 use super::plan::{Action, Backlog, Ledger, Rejected, Written, REJECT_AFTER};
 use super::sync::{ObjectWriter, SyncError};
 use mcp_core::clip::clip_error;
+
+/// The name of the dry-run ServiceEntry that asks whether the API server takes writes.
+const PROBE_NAME: &str = "mcp-adapter-write-probe";
 
 /// Requests in flight at once (each still waits for the rate limit).
 const IN_FLIGHT: usize = 8;
@@ -41,7 +49,9 @@ impl ObjectWriter {
         let mut actions = actions.into_iter();
         let mut in_flight = FuturesUnordered::new();
         let mut result = Ok(());
-        let (mut answered, mut failed_5xx, mut failures) = (0usize, None, 0usize);
+        let mut answered = 0usize;
+        // 5xx answers, judged once the round shows whether the API server took anything.
+        let mut failed_5xx: Vec<(Action, kube::Error)> = Vec::new();
         loop {
             let stop = result.is_err()
                 || !self.leads()
@@ -75,20 +85,88 @@ impl ObjectWriter {
                 Err(Failure::Unsendable(_)) => {}
             }
             match self.record(ledger, backlog, action, outcome) {
-                Ok(true) => answered += 1,
-                Ok(false) => {}
-                Err(Refusal::Server(e)) => {
-                    failures += 1;
-                    failed_5xx = Some(e);
+                Ok(true) => {
+                    answered += 1;
                 }
+                Ok(false) => {}
+                Err(Refusal::Server(failed)) => failed_5xx.push(*failed),
                 Err(Refusal::Round(e)) => result = Err(e),
             }
         }
-        // Every request of the round failed with a 5xx, and more than one: the API server is
-        // unwell, not one object (one object failing alone is that object's, counted above).
-        match (result, failed_5xx) {
-            (Ok(()), Some(e)) if answered == 0 && failures > 1 => Err(e),
-            (r, _) => r,
+        if answered == 0 && !failed_5xx.is_empty() && result.is_ok() {
+            // Nothing else went through: whether the API server takes writes at all.
+            let namespace = object::split_name(failed_5xx[0].0.name()).0.to_string();
+            if self.takes_writes(&namespace).await {
+                answered += 1;
+            }
+        }
+        if answered == 0 {
+            // Nothing taken: the API server, not these objects. None is counted; the round
+            // fails (unless it already did) and is tried again after a back-off.
+            if let (Ok(()), Some((action, e))) = (&result, failed_5xx.pop()) {
+                result = Err(SyncError::Write {
+                    verb: action.verb(),
+                    name: action.name().to_string(),
+                    source: e,
+                });
+            }
+            return result;
+        }
+        for (action, e) in failed_5xx {
+            self.count_failure(ledger, backlog, action, e);
+        }
+        result
+    }
+
+    /// Whether the API server takes a write of a ServiceEntry in `namespace` now: a dry-run
+    /// create of a probe (it goes through admission, webhooks included, and stores nothing).
+    /// An answer other than a 5xx (a 409: it exists) says the way is open.
+    async fn takes_writes(&mut self, namespace: &str) -> bool {
+        let probe: DynamicObject = match serde_json::from_value(serde_json::json!({
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "ServiceEntry",
+            "metadata": {"name": PROBE_NAME, "namespace": namespace},
+            "spec": {
+                "hosts": ["write-probe.mcp-adapter.example"],
+                "location": "MESH_EXTERNAL",
+                "resolution": "DNS",
+                "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}],
+            },
+        })) {
+            Ok(p) => p,
+            Err(_) => return false,
+        };
+        let params = PostParams {
+            dry_run: true,
+            field_manager: Some(FIELD_MANAGER.to_string()),
+        };
+        self.limiter.acquire().await;
+        let answer = self.api(Some(namespace)).create(&params, &probe).await;
+        self.count("probe", answer.as_ref().map(|_| ()));
+        match answer {
+            Ok(_) => true,
+            Err(e) => status_code(&e).is_some_and(|c| c < 500 && c != 429),
+        }
+    }
+
+    /// A 5xx for `action` in a round where the API server took other requests: counted against
+    /// the object, which is rejected after a few in a row.
+    fn count_failure(
+        &self,
+        ledger: &mut Ledger,
+        backlog: &mut Backlog,
+        action: Action,
+        e: kube::Error,
+    ) {
+        let name = action.name().to_string();
+        let tries = backlog.failed(&action, Instant::now());
+        let text = clip_error(e.to_string());
+        if tries >= REJECT_AFTER {
+            tracing::warn!(name = %name, tries, error = %text, "Kubernetes output: the API server keeps failing this object while it takes others; rejected until it changes or the next resync.");
+            backlog.forget(&name);
+            reject(ledger, &action, text);
+        } else {
+            tracing::warn!(name = %name, tries, error = %text, "Kubernetes output: the API server failed this object while it took others; tried again later.");
         }
     }
 
@@ -139,22 +217,8 @@ impl ObjectWriter {
                 name,
                 source: e,
             })),
-            (_, Some(_)) if transient(&e) => {
-                let tries = backlog.failed(&action, Instant::now());
-                let text = clip_error(e.to_string());
-                if tries >= REJECT_AFTER {
-                    tracing::warn!(name = %name, tries, error = %text, "Kubernetes output: the API server keeps failing this object; rejected until it changes or the next resync.");
-                    backlog.forget(&name);
-                    reject(ledger, &action, text);
-                } else {
-                    tracing::warn!(name = %name, tries, error = %text, "Kubernetes output: the API server failed this object; tried again later.");
-                }
-                Err(Refusal::Server(SyncError::Write {
-                    verb: action.verb(),
-                    name,
-                    source: e,
-                }))
-            }
+            // Judged with the round's other answers (`execute`).
+            (_, Some(_)) if transient(&e) => Err(Refusal::Server(Box::new((action, e)))),
             (Action::Apply { owned: false, .. }, Some(409)) => {
                 tracing::warn!(name = %name, error = %e, "Kubernetes output: a ServiceEntry of this name exists and is not this adapter's; left alone.");
                 ledger.foreign.insert(name);
@@ -186,16 +250,26 @@ impl ObjectWriter {
 
 /// A request that failed in a way that matters beyond its object.
 enum Refusal {
-    /// A 5xx for this object (counted against it; the round goes on).
-    Server(SyncError),
+    /// A 5xx for this object: counted against it if the round's other requests went through.
+    Server(Box<(Action, kube::Error)>),
     /// The round stops and backs off.
     Round(SyncError),
 }
 
-/// Whether the API server refused the request because the object's uid is not the one sent.
+/// Whether the API server refused the request because the object's uid is not the one sent:
+/// the API server's own words for it, a uid precondition that failed (409: `Precondition
+/// failed: UID in precondition: ...`) or a uid that may not change (422: `metadata.uid:
+/// Invalid value: ...: field is immutable`). Not any message with "uid" in it: a validation
+/// error naming a host such as `guide-svc` is the object's own fault, not someone else's object.
 fn uid_mismatch(e: &kube::Error) -> bool {
     match e {
-        kube::Error::Api(s) => s.message.to_ascii_lowercase().contains("uid"),
+        kube::Error::Api(s) => match s.code {
+            409 => s
+                .message
+                .contains("Precondition failed: UID in precondition"),
+            422 => s.message.contains("metadata.uid: Invalid value"),
+            _ => false,
+        },
         _ => false,
     }
 }
@@ -261,4 +335,42 @@ fn reject(ledger: &mut Ledger, action: &Action, message: String) {
             message,
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure(message, "")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    /// #43 item 8: the API server's own uid refusals, and not a validation error that happens
+    /// to contain "uid".
+    #[test]
+    fn a_uid_mismatch_is_the_precondition_not_any_uid_in_the_text() {
+        for (code, message) in [
+            (
+                409,
+                r#"Operation cannot be fulfilled on serviceentries.networking.istio.io "a": Precondition failed: UID in precondition: 1, UID in object meta: 2"#,
+            ),
+            (
+                422,
+                r#"ServiceEntry.networking.istio.io "a" is invalid: metadata.uid: Invalid value: "2": field is immutable"#,
+            ),
+        ] {
+            assert!(uid_mismatch(&api_error(code, message)), "{code} {message}");
+        }
+        for (code, message) in [
+            (422, r#"admission webhook "validation.istio.io" denied the request: configuration is invalid: invalid host guide-svc..example"#),
+            (409, "the object has been modified; please apply your changes to the latest version (uid-less)"),
+            (500, "Precondition failed: UID in precondition: 1, UID in object meta: 2"),
+        ] {
+            assert!(!uid_mismatch(&api_error(code, message)), "{code} {message}");
+        }
+    }
 }

@@ -47,6 +47,8 @@ pub(super) struct ObjectWriter {
     pub(super) metrics: OutputMetrics,
     pub(super) leader: watch::Receiver<bool>,
     pub(super) shutdown: CancellationToken,
+    /// Other Leases as this process last saw them, to judge their holders by change.
+    pub(super) leases_seen: crate::list::LeasesSeen,
 }
 
 /// A failure that stops this round (the API server is unwell or unreachable); retried with
@@ -350,6 +352,18 @@ mod tests {
     }
 
     fn writer_at(api: &FakeApi, entries: &[(&str, &str)], qps: f64) -> Writer {
+        writer_as(api, entries, qps, None, "ns/mcp-adapter-file")
+    }
+
+    /// The writer of one shard layout: `only_shard` (`--shard i/n`'s label, or none: unsharded
+    /// or every shard in this process), writing under `lease`; every object fingerprint "f".
+    fn writer_as(
+        api: &FakeApi,
+        entries: &[(&str, &str)],
+        qps: f64,
+        only_shard: Option<&str>,
+        lease: &str,
+    ) -> Writer {
         let registry = mcp_core::metrics::Metrics::new("test").expect("metrics");
         let metrics = OutputMetrics::new(&registry).expect("output metrics");
         let status = SharedOutputStatus::default();
@@ -357,9 +371,9 @@ mod tests {
         let (leader, leader_rx) = watch::channel(true);
         let w = ObjectWriter {
             client: api.client(),
-            owner: Owner::new("file", "file", None),
+            owner: Owner::new("file", "file", only_shard.map(str::to_string)),
             stamp: Stamp {
-                lease: "ns/mcp-adapter-file".into(),
+                lease: lease.into(),
                 config: "f".into(),
             },
             namespaces: vec!["ns".into()],
@@ -372,6 +386,7 @@ mod tests {
             metrics,
             leader: leader_rx,
             shutdown: CancellationToken::new(),
+            leases_seen: Default::default(),
         };
         Writer {
             status,
@@ -415,6 +430,229 @@ mod tests {
         ]));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(writes_of(&api, "bad"), 4);
+    }
+
+    /// #43 item 2: for a while the API server answers 500 to every write of a ServiceEntry (an
+    /// istiod rollout whose validating webhook is down). No object is counted for it: nothing is
+    /// rejected, the output says it is failing meanwhile, and once writes go through again every
+    /// object is written at once, not at the next resync.
+    #[tokio::test(start_paused = true)]
+    async fn a_storm_of_5xx_for_every_write_rejects_no_object() {
+        let api = FakeApi::new();
+        api.fail_writes("serviceentries", Some(500));
+        let entries = [("ns/a", "1"), ("ns/b", "1"), ("ns/c", "1"), ("ns/d", "1")];
+        let w = writer(&api, &entries);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let st = w.status.lock().clone();
+        assert!(st.rejected.is_empty(), "nothing rejected: {st:?}");
+        assert!(!st.in_step, "{st:?}");
+        assert!(st.last_error.is_some(), "the failure is reported: {st:?}");
+        assert!(
+            writes_of(&api, "a") >= 2,
+            "the round was tried again: {}",
+            writes_of(&api, "a")
+        );
+        api.fail_writes("serviceentries", None);
+        // The next round (after its back-off) writes them all.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(api.names(SE), ["a", "b", "c", "d"]);
+        let st = w.status.lock().clone();
+        assert!(st.in_step && st.rejected.is_empty(), "{st:?}");
+        assert_eq!(st.last_error, None, "{st:?}");
+    }
+
+    /// One object refused alone, with nothing else to write in its round: the dry-run probe
+    /// shows the API server takes writes, so it is that object's, and it is rejected.
+    #[tokio::test(start_paused = true)]
+    async fn a_5xx_for_the_only_object_is_told_apart_by_a_probe() {
+        let api = FakeApi::new();
+        api.fail("bad", 500);
+        let w = writer(&api, &[("ns/bad", "1")]);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(writes_of(&api, "bad"), 3);
+        let st = w.status.lock().clone();
+        assert!(st.rejected.contains_key("ns/bad"), "{st:?}");
+        assert!(!st.failing(), "{st:?}");
+        let probes = api
+            .log()
+            .iter()
+            .filter(|r| r.method == Method::POST && r.path == SE)
+            .count();
+        assert!(probes >= 1, "a probe was sent");
+        assert!(api.names(SE).is_empty(), "the probe stored nothing");
+    }
+
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
+
+    /// A Lease `name` held by `holder`, renewed (by its holder's clock) `ago` seconds before
+    /// now: written again, it gets a new resourceVersion, as a renewal does.
+    fn put_lease(api: &FakeApi, name: &str, holder: &str, ago: i64) {
+        let renewed =
+            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(ago);
+        api.put_object(
+            &format!("{LEASES}/{name}"),
+            serde_json::json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}")},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                         "renewTime": renewed.to_string()}}),
+        );
+    }
+
+    /// An object of this adapter (registry and source `file`) written under `lease` with shard
+    /// label `shard`, fingerprint "f".
+    fn put_written(api: &FakeApi, name: &str, lease: &str, shard: Option<&str>) {
+        let mut labels = serde_json::json!({"app.kubernetes.io/managed-by": "mcp-adapter",
+            "mcp-adapter/registry": "file", "mcp-adapter/source": "file"});
+        if let Some(s) = shard {
+            labels["mcp-adapter/shard"] = serde_json::json!(s);
+        }
+        api.put_object(
+            &format!("{SE}/{name}"),
+            serde_json::json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"),
+                "labels": labels,
+                "annotations": {"mcp-adapter/lease": lease, "mcp-adapter/config": "f",
+                                "mcp-adapter/version": "1"}}}),
+        );
+    }
+
+    fn lease_of(api: &FakeApi, name: &str) -> String {
+        api.object(&format!("{SE}/{name}"))
+            .map(|o| o["metadata"]["annotations"]["mcp-adapter/lease"].clone())
+            .and_then(|l| l.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    /// #43 item 3: every change of shard layout. The objects of the layout before, under a
+    /// Lease whose holder has stopped, are taken over by the same adapter in the new layout
+    /// (within a list or two of the Lease's duration), rewritten under its own Lease; a sibling
+    /// shard's are left to it. Before, an object of another Lease was taken over only if its
+    /// fingerprint was this process's, and a layout change changes the fingerprint: the objects
+    /// were "another adapter's" forever.
+    #[tokio::test(start_paused = true)]
+    async fn every_shard_layout_change_takes_over_the_objects_of_the_one_before() {
+        // (the layout before: its objects and their Lease; the layout after: its label and
+        // Lease; which objects it must take over, which it must leave)
+        struct Change {
+            before: &'static [(&'static str, &'static str, Option<&'static str>)],
+            dead_leases: &'static [&'static str],
+            after: (Option<&'static str>, &'static str),
+            taken: &'static [&'static str],
+            left: &'static [&'static str],
+        }
+        let changes = [
+            // One process serving 2 shards -> a process per shard (this one: shard 0).
+            Change {
+                before: &[
+                    ("a", "ns/mcp-adapter-file", Some("0-of-2")),
+                    ("b", "ns/mcp-adapter-file", Some("1-of-2")),
+                ],
+                dead_leases: &["mcp-adapter-file"],
+                after: (Some("0-of-2"), "ns/mcp-adapter-file-shard-0-of-2"),
+                taken: &["a"],
+                left: &["b"],
+            },
+            // A process per shard -> one process serving both.
+            Change {
+                before: &[
+                    ("a", "ns/mcp-adapter-file-shard-0-of-2", Some("0-of-2")),
+                    ("b", "ns/mcp-adapter-file-shard-1-of-2", Some("1-of-2")),
+                ],
+                dead_leases: &[
+                    "mcp-adapter-file-shard-0-of-2",
+                    "mcp-adapter-file-shard-1-of-2",
+                ],
+                after: (None, "ns/mcp-adapter-file"),
+                taken: &["a", "b"],
+                left: &[],
+            },
+            // A process per shard -> unsharded (the same Lease name as one process serving
+            // every shard: no label).
+            Change {
+                before: &[("a", "ns/mcp-adapter-file-shard-0-of-2", Some("0-of-2"))],
+                dead_leases: &["mcp-adapter-file-shard-0-of-2"],
+                after: (None, "ns/mcp-adapter-file"),
+                taken: &["a"],
+                left: &[],
+            },
+            // Unsharded -> a process per shard.
+            Change {
+                before: &[("a", "ns/mcp-adapter-file", None)],
+                dead_leases: &["mcp-adapter-file"],
+                after: (Some("0-of-2"), "ns/mcp-adapter-file-shard-0-of-2"),
+                taken: &["a"],
+                left: &[],
+            },
+        ];
+        for (k, c) in changes.iter().enumerate() {
+            let api = FakeApi::new();
+            for lease in c.dead_leases {
+                put_lease(&api, lease, "stopped-replica", 60);
+            }
+            for (name, lease, shard) in c.before {
+                put_written(&api, name, lease, *shard);
+            }
+            let served: Vec<(String, &str)> =
+                c.taken.iter().map(|n| (format!("ns/{n}"), "2")).collect();
+            let served: Vec<(&str, &str)> = served.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+            let w = writer_as(&api, &served, 1000.0, c.after.0, c.after.1);
+            // A Lease seen unchanged for its duration and the grace (30 s) has no holder.
+            tokio::time::sleep(Duration::from_secs(90)).await;
+            for name in c.taken {
+                assert_eq!(
+                    lease_of(&api, name),
+                    c.after.1,
+                    "change {k}: {name} taken over"
+                );
+            }
+            for name in c.left {
+                assert_ne!(
+                    lease_of(&api, name),
+                    c.after.1,
+                    "change {k}: {name} left alone"
+                );
+            }
+            let st = w.status.lock().clone();
+            assert!(st.owner_conflicts.is_empty(), "change {k}: {st:?}");
+            assert!(st.in_step, "change {k}: {st:?}");
+        }
+    }
+
+    /// #43 item 6: another replica's Lease, renewed all along, but by a machine whose clock is
+    /// a minute behind this one's (its `renewTime` always looks a minute old here). Its holder
+    /// is alive: its objects are never taken over. Before, liveness was its `renewTime` against
+    /// this machine's clock, and they were taken and deleted.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_renewed_by_a_skewed_clock_is_alive() {
+        let api = FakeApi::new();
+        put_lease(&api, "mcp-adapter-file-other", "other-replica", 60);
+        put_written(&api, "theirs", "ns/mcp-adapter-file-other", None);
+        // This process serves another set (nothing named `theirs`).
+        let w = writer(&api, &[("ns/mine", "1")]);
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            put_lease(&api, "mcp-adapter-file-other", "other-replica", 60);
+        }
+        assert_eq!(
+            lease_of(&api, "theirs"),
+            "ns/mcp-adapter-file-other",
+            "never taken"
+        );
+        assert!(
+            api.object(&format!("{SE}/theirs")).is_some(),
+            "never deleted"
+        );
+        let st = w.status.lock().clone();
+        assert_eq!(
+            st.owner_conflicts.len(),
+            1,
+            "the other writer is reported: {st:?}"
+        );
+        // It stops renewing: after the Lease's duration and the grace, its objects are this
+        // adapter's (the same fingerprint), and deleted as this process does not serve them.
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        assert!(
+            api.object(&format!("{SE}/theirs")).is_none(),
+            "taken and deleted"
+        );
     }
 
     /// The Lease task gone (its sender dropped) is not leading: nothing more is written.

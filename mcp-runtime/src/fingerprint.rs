@@ -38,12 +38,32 @@ const OPERATIONAL: &[&str] = &[
     "version",
 ];
 
+/// The flags that lay the served set out in shards without changing it (`--shard`,
+/// `--shards`).
+const LAYOUT: &[&str] = &["shard", "shards"];
+
 /// 16 hex digits over the serving flags in `matches`, parsed by `command` (xxh3: stable across
 /// releases and machines).
 pub fn of(command: &Command, matches: &ArgMatches) -> String {
+    hash(command, matches, &[])
+}
+
+/// [`of`] without the shard layout: the same adapter under another `--shard`/`--shards` (or
+/// none) has the same one. What the Kubernetes output writes on its objects, so that after a
+/// change of layout (one process serving N shards, N processes one each, or none) the objects
+/// of the layout before are taken over once their Lease has no holder, where under the whole
+/// fingerprint they stayed another adapter's forever. (The Lease itself keeps [`of`]: replicas
+/// of different layouts never share one.)
+pub fn of_layout_free(command: &Command, matches: &ArgMatches) -> String {
+    hash(command, matches, LAYOUT)
+}
+
+fn hash(command: &Command, matches: &ArgMatches, also_skip: &[&str]) -> String {
     let server = ServerArgs::augment_args(Command::new("server"));
     let skip = |id: &str| {
-        OPERATIONAL.contains(&id) || server.get_arguments().any(|a| a.get_id().as_str() == id)
+        OPERATIONAL.contains(&id)
+            || also_skip.contains(&id)
+            || server.get_arguments().any(|a| a.get_id().as_str() == id)
     };
     let mut ids: Vec<&str> = matches
         .ids()
@@ -109,6 +129,41 @@ mod tests {
             .try_get_matches_from(std::iter::once("adapter").chain(args.iter().copied()))
             .expect("parses");
         of(&cmd, &m)
+    }
+
+    fn layout_free(args: &[&str]) -> String {
+        let cmd = <Flags as clap::CommandFactory>::command();
+        let m = cmd
+            .clone()
+            .try_get_matches_from(std::iter::once("adapter").chain(args.iter().copied()))
+            .expect("parses");
+        of_layout_free(&cmd, &m)
+    }
+
+    /// #43 item 3: one adapter in every shard layout has one layout-free fingerprint (what its
+    /// objects carry); the whole fingerprint (what its Lease carries) tells the layouts apart.
+    #[test]
+    fn every_shard_layout_of_one_adapter_shares_the_objects_fingerprint() {
+        let layouts: [&[&str]; 4] = [
+            &[],
+            &["--shards", "3"],
+            &["--shard", "1/3"],
+            &["--shard", "0/2"],
+        ];
+        fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+            let mut a = vec!["--path", "/a"];
+            a.extend_from_slice(extra);
+            a
+        }
+        let free: Vec<String> = layouts.iter().map(|l| layout_free(&with(l))).collect();
+        assert!(free.windows(2).all(|w| w[0] == w[1]), "{free:?}");
+        let whole: Vec<String> = layouts.iter().map(|l| fp(&with(l))).collect();
+        let mut distinct = whole.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), layouts.len(), "{whole:?}");
+        // Another adapter is still another, in any layout.
+        assert_ne!(layout_free(&["--path", "/b", "--shards", "3"]), free[0]);
     }
 
     #[test]

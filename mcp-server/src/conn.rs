@@ -65,6 +65,8 @@ pub struct ConnInfo {
     pub over_limit: Option<Refused>,
     /// Its open streams, for the idle timer.
     activity: Arc<Activity>,
+    /// Its large requests waiting for the budget now (`request_body`).
+    pub large_waiting: Arc<AtomicUsize>,
 }
 
 impl ConnInfo {
@@ -87,7 +89,32 @@ impl ConnInfo {
 #[derive(Debug, Default)]
 pub struct Peers {
     by_ip: Mutex<HashMap<IpAddr, usize>>,
+    /// Streams open now by peer address (`--max-streams-per-peer`).
+    streams_by_ip: Mutex<HashMap<IpAddr, usize>>,
     over_limit: AtomicUsize,
+}
+
+/// A stream's place in its peer's share of the stream slots, given back on drop.
+#[derive(Debug)]
+pub struct PeerStream {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+}
+
+impl Drop for PeerStream {
+    fn drop(&mut self) {
+        let mut by_ip = self
+            .peers
+            .streams_by_ip
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = by_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                by_ip.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl Peers {
@@ -110,6 +137,23 @@ impl Peers {
                 by_ip.remove(&ip);
             }
         }
+    }
+
+    /// A place for one more stream of `ip` unless it has `max` open already.
+    pub fn take_stream(peers: &Arc<Peers>, ip: IpAddr, max: usize) -> Option<PeerStream> {
+        let mut by_ip = peers
+            .streams_by_ip
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let n = by_ip.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerStream {
+            peers: Arc::clone(peers),
+            ip,
+        })
     }
 
     /// Peer addresses with a connection open (tests).
@@ -253,6 +297,7 @@ impl ConnLimiter {
                 accepted,
                 over_limit,
                 activity: Arc::new(Activity::new(accepted)),
+                large_waiting: Arc::default(),
             },
             slot,
             close_at,

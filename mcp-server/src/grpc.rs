@@ -18,8 +18,8 @@ use tonic::server::NamedService;
 use tonic::Status;
 use tonic_prost::ProstCodec;
 
-use super::conn::ConnInfo;
-use super::limits::Refused;
+use super::conn::{ConnInfo, Peers};
+use super::limits::{Refused, StreamSlot};
 use super::protocol::{Delta, Legacy, MeshIncremental, MeshSotw, Protocol, Xds};
 use super::request_body::MeteredBody;
 use super::response_body::ResponseBody;
@@ -126,13 +126,34 @@ fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body>
     let peer = ConnInfo::peer(conn);
     let accepted = conn.map(|c| c.accepted);
     let limits = &ctx.limits;
+    // One of `--max-streams`, and of its address's share (`--max-streams-per-peer`): one
+    // address holding idle streams on many connections never locks the others out.
     let slot = match conn.and_then(|c| c.over_limit.clone()) {
         Some(refused) => Err(refused),
-        None => Arc::clone(&limits.streams)
-            .try_acquire_owned()
-            .map_err(|_| Refused::Streams {
-                limit: limits.max_streams,
-            }),
+        None => {
+            let ip = conn.and_then(|c| c.remote).map(|a| a.ip());
+            let peer_share = match ip {
+                Some(ip) => {
+                    Peers::take_stream(&limits.peers, ip, limits.bounds.max_streams_per_peer)
+                        .map(Some)
+                        .ok_or(Refused::StreamsPerPeer {
+                            limit: limits.bounds.max_streams_per_peer,
+                        })
+                }
+                None => Ok(None),
+            };
+            peer_share.and_then(|peer| {
+                Arc::clone(&limits.streams)
+                    .try_acquire_owned()
+                    .map(|global| StreamSlot {
+                        _global: global,
+                        _peer: peer,
+                    })
+                    .map_err(|_| Refused::Streams {
+                        limit: limits.max_streams,
+                    })
+            })
+        }
     };
     let slot = match slot {
         Ok(slot) => slot,
@@ -141,16 +162,20 @@ fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body>
             return refused.status().into_http::<Body>();
         }
     };
+    let large_waiting = conn
+        .map(|c| Arc::clone(&c.large_waiting))
+        .unwrap_or_default();
     let on_refused = {
         let (limits, metrics, peer) = (limits.clone(), ctx.metrics.clone(), peer.clone());
         Box::new(move |r: &Refused| limits.refused(&metrics, r, P::PROTOCOL, &peer))
     };
-    let body = MeteredBody::new(
+    let (body, receiving) = MeteredBody::new(
         req.into_body(),
         limits.max_request_size,
         limits.large_requests.clone(),
         limits.bounds.request_receive_timeout,
         on_refused,
+        large_waiting,
     );
     let requests = Streaming::<P::Req>::new_request(
         tonic::codec::Codec::decoder(&mut ProstCodec::<P::Req, P::Req>::default()),
@@ -170,6 +195,7 @@ fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body>
         peer,
         accepted,
         slot,
+        receiving,
     ));
     let mut resp = Response::new(Body::new(body));
     resp.headers_mut().insert(

@@ -4,7 +4,10 @@
 //! one-slot channel fills, and the stream's task waits in the channel's `send`. What bounds a
 //! stream must go on while it waits there, or such a sink holds its stream slot (and the
 //! responses it references) forever: [`hand_over`] waits for the send, shutdown, the end of the
-//! connection's age (`--max-connection-age` and its grace) and the [`Unacked`] timer at once.
+//! connection's age (`--max-connection-age` and its grace), the [`Unacked`] timer and a large
+//! request's receive deadline (`--request-receive-timeout`: the body is not read meanwhile, so
+//! its own check would never run, and the request's share of the budget would be held for the
+//! connection's age) at once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,6 +19,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::frames::Encoded;
+use super::limits::Refused;
+use super::request_body::Receiving;
 use super::response_body::Sent;
 
 /// Whether a stream counts in `mcp_adapter_unacked_responses` (its oldest unacknowledged
@@ -93,6 +98,8 @@ pub(crate) enum Handed {
     /// The connection is past its age and grace while the sink does not read: the stream
     /// ends without a farewell (there is no room for one).
     Aged,
+    /// A large request's receive deadline passed meanwhile.
+    Late(Refused),
 }
 
 /// Hands `resp` to the stream's body; meanwhile the stream counts as unacknowledged when its
@@ -105,6 +112,7 @@ pub(crate) async fn hand_over<F: Future<Output = ()>>(
     mut age_end: Pin<&mut F>,
     unacked: &mut Unacked,
     oldest: Option<std::time::Instant>,
+    receiving: &mut Receiving,
 ) -> Handed {
     unacked.update(oldest);
     let send = tx.send(Ok(resp));
@@ -115,6 +123,7 @@ pub(crate) async fn hand_over<F: Future<Output = ()>>(
             _ = shutdown.cancelled() => return Handed::Shutdown,
             () = &mut age_end => return Handed::Aged,
             () = until(unacked.due()) => unacked.update(oldest),
+            refused = receiving.late() => return Handed::Late(refused),
         }
     }
 }

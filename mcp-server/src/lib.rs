@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
@@ -184,14 +184,16 @@ async fn farewell(tx: &mpsc::Sender<Sent>, status: Status, shutdown: &Cancellati
 /// Runs one stream until the sink leaves, the stream breaks, a limit ends it, or shutdown.
 ///
 /// `accepted` is when its connection was accepted (`--max-connection-age` counts from it);
-/// `_slot` is its place under `--max-streams`, given back when it ends.
+/// `_slot` is its place under `--max-streams` and `--max-streams-per-peer`, given back when it
+/// ends.
 async fn drive<P: Protocol>(
     mut requests: Streaming<P::Req>,
     (tx, emptier): (mpsc::Sender<Sent>, response_body::Emptier),
     ctx: StreamContext,
     peer: String,
     accepted: Option<Instant>,
-    _slot: OwnedSemaphorePermit,
+    _slot: limits::StreamSlot,
+    mut receiving: request_body::Receiving,
 ) {
     let metrics = ctx.metrics;
     let limits = ctx.limits;
@@ -336,9 +338,18 @@ async fn drive<P: Protocol>(
                 age_end.as_mut(),
                 &mut unacked,
                 oldest,
+                &mut receiving,
             )
             .await
             {
+                Handed::Late(refused) => {
+                    // A large request's deadline passed while the sink did not read: the
+                    // stream ends now (its share of the budget goes back with its body), not
+                    // when the sink reads again.
+                    limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
+                    emptier.empty(refused.status());
+                    return;
+                }
                 Handed::Taken => {}
                 Handed::Gone => {
                     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");

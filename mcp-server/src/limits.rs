@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::ServerMetrics;
 
@@ -47,6 +47,11 @@ pub const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 /// address never takes the whole adapter, while hundreds of istiod replicas behind one NAT
 /// address (one connection each per config source) still fit.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 256;
+/// Default `--max-streams-per-peer`: a quarter of the default `--max-streams`, as for
+/// connections: one address (a sink holding idle streams on many connections) never takes every
+/// stream, while a NAT address with hundreds of istiod replicas (one stream each per config
+/// source) still fits.
+pub const MAX_STREAMS_PER_PEER: usize = 256;
 /// Default `--request-receive-timeout`: a 16 MiB request (the default `--max-request-size`)
 /// arrives in time at 0.55 MiB/s, what one 64 KiB HTTP/2 stream window delivers over a
 /// round trip of 115 ms.
@@ -61,6 +66,9 @@ pub struct ConnectionBounds {
     pub idle_timeout: Option<Duration>,
     /// `--max-connections-per-peer`: connections open at once from one IP address.
     pub max_per_peer: usize,
+    /// `--max-streams-per-peer`: streams open at once from one IP address, over all its
+    /// connections.
+    pub max_streams_per_peer: usize,
     /// `--request-receive-timeout`: a request over `request_body::FREE` must arrive whole
     /// within this long of taking its share of the large-request budget.
     pub request_receive_timeout: Duration,
@@ -71,6 +79,7 @@ impl Default for ConnectionBounds {
         Self {
             idle_timeout: Some(IDLE_CONNECTION_TIMEOUT),
             max_per_peer: MAX_CONNECTIONS_PER_PEER,
+            max_streams_per_peer: MAX_STREAMS_PER_PEER,
             request_receive_timeout: REQUEST_RECEIVE_TIMEOUT,
         }
     }
@@ -160,6 +169,12 @@ pub enum Refused {
         /// The limit.
         limit: usize,
     },
+    /// Too many streams open from one address.
+    #[error("this adapter serves at most {limit} streams at once to one address (--max-streams-per-peer); try again later or another replica")]
+    StreamsPerPeer {
+        /// The limit.
+        limit: usize,
+    },
     /// A type URL over the length limit.
     #[error("a type URL of {len} bytes is longer than this adapter's --max-type-url-length of {limit} bytes")]
     TypeUrlLength {
@@ -244,6 +259,13 @@ pub enum Refused {
         /// The limit.
         timeout: Duration,
     },
+    /// A large request on a connection that already has as many waiting for the budget as
+    /// may wait on one.
+    #[error("{waiting} large requests on this connection already wait for the adapter's large-request budget (4 × --max-request-size); try again later")]
+    LargeRequestsWaiting {
+        /// How many wait.
+        waiting: usize,
+    },
 }
 
 impl Refused {
@@ -261,8 +283,10 @@ impl Refused {
             Refused::StreamBytes { .. } => "stream_bytes",
             // #33 connection bounds
             Refused::ConnectionsPerPeer { .. } => "connections_per_peer",
+            Refused::StreamsPerPeer { .. } => "streams_per_peer",
             Refused::IdleConnection { .. } => "idle_connection_timeout",
             Refused::RequestReceiveTimeout { .. } => "request_receive_timeout",
+            Refused::LargeRequestsWaiting { .. } => "large_requests_waiting",
         }
     }
 
@@ -270,6 +294,14 @@ impl Refused {
     pub fn status(&self) -> tonic::Status {
         tonic::Status::resource_exhausted(self.to_string())
     }
+}
+
+/// A stream's place: one of `--max-streams`, and one of its address's `--max-streams-per-peer`;
+/// both given back when it is dropped (the stream ends).
+#[derive(Debug)]
+pub struct StreamSlot {
+    pub(crate) _global: OwnedSemaphorePermit,
+    pub(crate) _peer: Option<crate::conn::PeerStream>,
 }
 
 /// Limits and the shared counters they are checked against: one per process, shared by every

@@ -12,24 +12,38 @@
 //! within `--request-receive-timeout` of getting it, or the stream ends with a status naming
 //! the flag: four peers announcing the largest request and then sending nothing would
 //! otherwise hold the whole budget, and every later large request would wait, for as long as
-//! they liked.
+//! they liked. The deadline holds even while the stream's task does not read the body (it waits
+//! for a sink that stopped reading to take a response): the body publishes it ([`Receiving`]),
+//! and the task waits for it there too.
+//!
+//! At most [`WAITING_PER_CONNECTION`] large requests of one connection wait for the budget at
+//! once; another is refused at once. A waiting stream reads no more of its request, so what its
+//! peer has sent of it stays in the connection's receive window: enough waiters would fill that
+//! window, and the streams that hold their share, on the same connection, could then receive
+//! nothing more of their requests until their deadline refused them.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Sleep;
+use tokio::sync::{watch, AcquireError, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 use tonic::Status;
 
 use super::limits::Refused;
 
 /// Requests up to this size need no share of the budget.
 pub const FREE: usize = 16 << 10;
+
+/// Large requests of one connection that may wait for the budget at once: each holds up to a
+/// stream's receive window of the connection's (`STREAM_WINDOW` of the connection's four),
+/// so two leave half the connection's window to the requests that are being received.
+pub const WAITING_PER_CONNECTION: usize = 2;
 
 /// gRPC's message prefix: compression flag and 32-bit length.
 const PREFIX: usize = 5;
@@ -38,6 +52,52 @@ type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireE
 
 /// Called with a refusal before the stream ends with it (counting and logging it).
 pub type OnRefused = Box<dyn Fn(&Refused) + Send + Sync>;
+
+/// The current large message's receive deadline, as its body publishes it: when, and what to
+/// say then (its length and `--request-receive-timeout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Due {
+    at: Instant,
+    len: usize,
+    timeout: Duration,
+}
+
+/// The stream's task's side of the receive deadline: what it waits on while it cannot read the
+/// body.
+#[derive(Debug)]
+pub struct Receiving(watch::Receiver<Option<Due>>);
+
+impl Receiving {
+    /// Resolves when a large message's receive deadline passes (pending while there is none):
+    /// the refusal the stream ends with.
+    pub async fn late(&mut self) -> Refused {
+        loop {
+            let due = *self.0.borrow_and_update();
+            match due {
+                Some(d) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(d.at) => {
+                            return Refused::RequestReceiveTimeout {
+                                len: d.len,
+                                timeout: d.timeout,
+                            };
+                        }
+                        changed = self.0.changed() => {
+                            if changed.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                    }
+                }
+                None => {
+                    if self.0.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// A request body whose gRPC messages are checked and budgeted (see the module docs).
 pub struct MeteredBody<B> {
@@ -58,6 +118,12 @@ pub struct MeteredBody<B> {
     timeout: Duration,
     /// While a message holds a share: when it must have arrived.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// The same, for the stream's task.
+    due: watch::Sender<Option<Due>>,
+    /// Large requests of this stream's connection waiting for the budget now.
+    waiting: Arc<AtomicUsize>,
+    /// Whether this stream is one of them.
+    counted_waiting: bool,
     /// A data frame held back until the budget has room for the message it starts: the frame,
     /// where the scan stopped, and the wait.
     held: Option<(Bytes, usize, Acquire)>,
@@ -76,15 +142,18 @@ impl<B> std::fmt::Debug for MeteredBody<B> {
 
 impl<B> MeteredBody<B> {
     /// Meters `inner`: messages up to `max` bytes, larger ones than [`FREE`] sharing `budget`
-    /// (permits are KiB) and arriving within `timeout` of getting their share.
+    /// (permits are KiB) and arriving within `timeout` of getting their share; and the
+    /// deadline's other side, for the stream's task.
     pub fn new(
         inner: B,
         max: usize,
         budget: Arc<Semaphore>,
         timeout: Duration,
         on_refused: OnRefused,
-    ) -> Self {
-        Self {
+        waiting: Arc<AtomicUsize>,
+    ) -> (Self, Receiving) {
+        let (due, receiving) = watch::channel(None);
+        let body = Self {
             inner,
             max,
             budget,
@@ -96,9 +165,13 @@ impl<B> MeteredBody<B> {
             len: 0,
             timeout,
             deadline: None,
+            due,
+            waiting,
+            counted_waiting: false,
             held: None,
             done: false,
-        }
+        };
+        (body, Receiving(receiving))
     }
 
     /// Scans `data` from `at`; `Ok(None)` when the whole frame may go on, `Ok(Some(at))` when
@@ -110,10 +183,11 @@ impl<B> MeteredBody<B> {
                 let take = self.remaining.min(data.len() - at);
                 self.remaining -= take;
                 at += take;
-                if self.remaining == 0 {
+                if self.remaining == 0 && self.permit.is_some() {
                     // The message went by: its share goes back.
                     self.permit = None;
                     self.deadline = None;
+                    self.due.send_replace(None);
                 }
                 continue;
             }
@@ -151,10 +225,39 @@ impl<B> MeteredBody<B> {
         Ok(None)
     }
 
+    /// Counts this stream among its connection's waiting ones, unless as many wait already.
+    fn start_waiting(&mut self) -> Result<(), Refused> {
+        let taken = self
+            .waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < WAITING_PER_CONNECTION).then_some(n + 1)
+            });
+        match taken {
+            Ok(_) => {
+                self.counted_waiting = true;
+                Ok(())
+            }
+            Err(waiting) => Err(Refused::LargeRequestsWaiting { waiting }),
+        }
+    }
+
+    fn stop_waiting(&mut self) {
+        if std::mem::take(&mut self.counted_waiting) {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     /// The current message got its share: the receive deadline starts.
     fn hold(&mut self, permit: OwnedSemaphorePermit) {
+        self.stop_waiting();
         self.permit = Some(permit);
-        self.deadline = Some(Box::pin(tokio::time::sleep(self.timeout)));
+        let at = Instant::now() + self.timeout;
+        self.deadline = Some(Box::pin(tokio::time::sleep_until(at)));
+        self.due.send_replace(Some(Due {
+            at,
+            len: self.len,
+            timeout: self.timeout,
+        }));
     }
 
     /// Whether the current message's receive deadline passed (registering the wake-up if not).
@@ -168,9 +271,18 @@ impl<B> MeteredBody<B> {
         (self.on_refused)(&refused);
         self.done = true;
         // The share goes back now, not when the stream's task gets to drop the body.
+        self.stop_waiting();
+        self.held = None;
         self.permit = None;
         self.deadline = None;
+        self.due.send_replace(None);
         Poll::Ready(Some(Err(refused.status())))
+    }
+}
+
+impl<B> Drop for MeteredBody<B> {
+    fn drop(&mut self) {
+        self.stop_waiting();
     }
 }
 
@@ -220,6 +332,9 @@ where
             match this.scan(&data, at) {
                 Ok(None) => return Poll::Ready(Some(Ok(Frame::data(data)))),
                 Ok(Some(at)) => {
+                    if let Err(refused) = this.start_waiting() {
+                        return this.refuse(refused);
+                    }
                     let kib = u32::try_from(this.remaining.div_ceil(1024)).unwrap_or(u32::MAX);
                     let wait = Box::pin(Arc::clone(&this.budget).acquire_many_owned(kib));
                     this.held = Some((data, at, wait));
@@ -303,12 +418,13 @@ mod tests {
         bytes.extend(message(0));
         bytes.extend(message(30 << 10));
         for size in [1, 3, 5, 4096, 1 << 20] {
-            let mut body = MeteredBody::new(
+            let (mut body, _receiving) = MeteredBody::new(
                 frames(&bytes, size),
                 1 << 20,
                 budget.clone(),
                 Duration::from_secs(30),
                 Box::new(|_| {}),
+                Arc::default(),
             );
             assert_eq!(
                 collect(&mut body).await.expect("body"),
@@ -325,12 +441,13 @@ mod tests {
         let seen = refused.clone();
         let mut bytes = message(8);
         bytes.extend(&message(2000)[..PREFIX + 10]);
-        let mut body = MeteredBody::new(
+        let (mut body, _receiving) = MeteredBody::new(
             frames(&bytes, 7),
             1000,
             Arc::new(Semaphore::new(100)),
             Duration::from_secs(30),
             Box::new(move |r| seen.lock().expect("lock").push(r.clone())),
+            Arc::default(),
         );
         let status = collect(&mut body).await.expect_err("refused");
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
@@ -353,12 +470,13 @@ mod tests {
         let budget = Arc::new(Semaphore::new(40));
         let held = budget.clone().acquire_many_owned(30).await.expect("permit");
         let bytes = message(30 << 10);
-        let mut body = MeteredBody::new(
+        let (mut body, _receiving) = MeteredBody::new(
             frames(&bytes, 1 << 20),
             1 << 20,
             budget.clone(),
             Duration::from_secs(30),
             Box::new(|_| {}),
+            Arc::default(),
         );
         let polls = Arc::new(AtomicUsize::new(0));
         let p = polls.clone();
@@ -387,12 +505,13 @@ mod tests {
         // A small message passes, then a 40 KiB one announces itself and stalls half-way.
         let mut bytes = message(10);
         bytes.extend(&message(40 << 10)[..PREFIX + 1000]);
-        let mut body = MeteredBody::new(
+        let (mut body, _receiving) = MeteredBody::new(
             Stalling(bytes.chunks(700).map(Bytes::copy_from_slice).collect()),
             1 << 20,
             budget.clone(),
             Duration::from_millis(200),
             Box::new(move |r| seen.lock().expect("lock").push(r.clone())),
+            Arc::default(),
         );
         let mut passed = 0;
         let status = loop {
@@ -421,5 +540,119 @@ mod tests {
         );
         assert_eq!(budget.available_permits(), 100, "the share came back");
         assert!(body.is_end_stream());
+    }
+
+    #[tokio::test]
+    async fn a_connection_has_at_most_two_large_requests_waiting() {
+        // The whole budget is held: every large message waits.
+        let budget = Arc::new(Semaphore::new(40));
+        let held = budget.clone().acquire_many_owned(40).await.expect("permit");
+        let refused = Arc::new(Mutex::new(Vec::new()));
+        let one_connection = Arc::new(AtomicUsize::new(0));
+        let body = |waiting: &Arc<AtomicUsize>| {
+            let seen = refused.clone();
+            MeteredBody::new(
+                frames(&message(30 << 10), 1 << 20),
+                1 << 20,
+                budget.clone(),
+                Duration::from_secs(30),
+                Box::new(move |r| seen.lock().expect("lock").push(r.clone())),
+                waiting.clone(),
+            )
+            .0
+        };
+        let waits = |b: &mut MeteredBody<Frames>| {
+            futures_poll_once(std::future::poll_fn(|cx| Pin::new(&mut *b).poll_frame(cx)))
+        };
+        let (mut first, mut second, mut third) = (
+            body(&one_connection),
+            body(&one_connection),
+            body(&one_connection),
+        );
+        assert!(waits(&mut first).is_none(), "the first waits");
+        assert!(waits(&mut second).is_none(), "the second waits");
+        match waits(&mut third) {
+            Some(Some(Err(status))) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+                assert!(status.message().contains("large requests"), "{status:?}");
+            }
+            other => panic!("the third was not refused at once: {other:?}"),
+        }
+        assert_eq!(
+            *refused.lock().expect("lock"),
+            vec![Refused::LargeRequestsWaiting { waiting: 2 }]
+        );
+        // Another connection's waits.
+        let mut other = body(&Arc::new(AtomicUsize::new(0)));
+        assert!(waits(&mut other).is_none(), "another connection's waits");
+        // A waiter that goes away makes room; one that gets its share stops counting.
+        drop(first);
+        assert_eq!(one_connection.load(Ordering::SeqCst), 1);
+        let mut fourth = body(&one_connection);
+        assert!(waits(&mut fourth).is_none(), "room again");
+        drop(held);
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut second).poll_frame(cx))
+            .await
+            .expect("a frame")
+            .expect("data");
+        assert_eq!(frame.into_data().expect("data").len(), (30 << 10) + PREFIX);
+        assert_eq!(one_connection.load(Ordering::SeqCst), 1, "the fourth waits");
+        drop(fourth);
+        assert_eq!(one_connection.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn the_receive_deadline_reaches_a_task_that_does_not_read() {
+        let budget = Arc::new(Semaphore::new(100));
+        let bytes = message(40 << 10)[..PREFIX + 1000].to_vec();
+        let (mut body, mut receiving) = MeteredBody::new(
+            Stalling(vec![Bytes::copy_from_slice(&bytes)].into()),
+            1 << 20,
+            budget.clone(),
+            Duration::from_millis(200),
+            Box::new(|_| {}),
+            Arc::default(),
+        );
+        // Nothing is due before a large message holds a share.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), receiving.late())
+                .await
+                .is_err(),
+            "nothing was due"
+        );
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx))
+            .await
+            .expect("a frame")
+            .expect("data");
+        assert_eq!(frame.into_data().expect("data").len(), bytes.len());
+        // The task no longer polls the body; the deadline reaches it all the same.
+        let started = Instant::now();
+        let refused = tokio::time::timeout(Duration::from_secs(10), receiving.late())
+            .await
+            .expect("the deadline came");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(
+            refused,
+            Refused::RequestReceiveTimeout {
+                len: 40 << 10,
+                timeout: Duration::from_millis(200)
+            }
+        );
+        assert!(
+            budget.available_permits() < 100,
+            "held until the task ends it"
+        );
+        drop(body);
+        assert_eq!(budget.available_permits(), 100);
+    }
+
+    /// Polls `f` once: `None` while it is pending.
+    fn futures_poll_once<F: Future>(f: F) -> Option<F::Output> {
+        let mut f = std::pin::pin!(f);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        }
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::podman::{podman, repo, try_podman, unique, HealthDriver};
+use crate::podman::{podman, podman_ok, repo, try_podman, unique, HealthDriver};
 
 /// The compose binary: `$COMPOSE_BIN`, else `target/compose/docker-compose`.
 pub fn compose_bin() -> PathBuf {
@@ -194,7 +194,10 @@ impl Compose {
         parse_ps(&out).unwrap_or_else(|| panic!("docker compose ps: not JSON:\n{out}"))
     }
 
-    /// Containers, networks and volumes of the project that podman still has.
+    /// Containers, networks and volumes of the project that podman has, by compose's project
+    /// label. A listing podman fails is a panic, not an empty list: "down -v leaves nothing"
+    /// must not pass on a listing that did not run (callers list before `down` too, a
+    /// positive control for the filter).
     pub fn leftovers(&self) -> Vec<String> {
         let label = format!("label=com.docker.compose.project={}", self.project);
         let mut left = Vec::new();
@@ -212,8 +215,7 @@ impl Compose {
                 vec!["volume", "ls", "--filter", &label, "--format", "{{.Name}}"],
             ),
         ] {
-            let out = try_podman(&args);
-            for l in String::from_utf8_lossy(&out.stdout).lines() {
+            for l in podman_ok(&args).lines() {
                 if !l.trim().is_empty() {
                     left.push(format!("{what} {l}"));
                 }

@@ -530,3 +530,67 @@ pub fn strings(v: &Value) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// kube-apiserver flags for an audit log of the requests on `resources` (API group, resource),
+/// metadata only, each event written before the request is answered (the tests read the file
+/// while the server runs); the policy and the log go in `dir`. The flags and the log's path.
+pub fn audit_args(dir: &Path, resources: &[(&str, &str)]) -> (Vec<String>, PathBuf) {
+    let (policy, log) = (dir.join("audit-policy.yaml"), dir.join("audit.log"));
+    let watched: Vec<Value> = resources
+        .iter()
+        .map(|(group, resource)| json!({"group": group, "resources": [resource]}))
+        .collect();
+    let text = json!({
+        "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [{"level": "Metadata", "resources": watched}, {"level": "None"}],
+    });
+    std::fs::write(&policy, text.to_string()).expect("write the audit policy");
+    let args = vec![
+        format!("--audit-log-path={}", log.display()),
+        format!("--audit-policy-file={}", policy.display()),
+        "--audit-log-mode=blocking".to_string(),
+    ];
+    (args, log)
+}
+
+/// A request on a resource as the audit log recorded it once answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audited {
+    /// Who asked.
+    pub user: String,
+    /// `list`, `patch`, `delete`, ...
+    pub verb: String,
+    /// The object's namespace (empty for a cluster-wide request).
+    pub namespace: String,
+    /// The object's name (empty for a list).
+    pub name: String,
+    /// The answer's HTTP status.
+    pub code: i64,
+    /// `requestReceivedTimestamp` (RFC 3339 with microseconds: ordered as text).
+    pub received: String,
+}
+
+/// The answered requests on `resource` (e.g. `serviceentries`) in the log [`audit_args`]
+/// names, in the order the API server received them.
+pub fn audited(log: &Path, resource: &str) -> Vec<Audited> {
+    let text = std::fs::read_to_string(log).expect("read the audit log");
+    let mut all: Vec<Audited> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["stage"] == "ResponseComplete" && e["objectRef"]["resource"] == resource)
+        .map(|e| {
+            let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+            Audited {
+                user: text(&e["user"]["username"]),
+                verb: text(&e["verb"]),
+                namespace: text(&e["objectRef"]["namespace"]),
+                name: text(&e["objectRef"]["name"]),
+                code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
+                received: text(&e["requestReceivedTimestamp"]),
+            }
+        })
+        .collect();
+    all.sort_by(|a, b| a.received.cmp(&b.received));
+    all
+}

@@ -502,7 +502,26 @@ mod images {
             ],
         );
         std::thread::sleep(Duration::from_secs(3));
+        // Unhealthy for the right reason: the adapter runs and its admin port answers, not
+        // ready (a container that never started, or an adapter that exited, fails the same
+        // check and would pass this test otherwise).
         for _ in 0..3 {
+            let state = unreachable.state();
+            assert_eq!(
+                state["Running"],
+                true,
+                "the adapter exited ({}):\n{}",
+                state["ExitCode"],
+                unreachable.logs()
+            );
+            let check = unreachable.exec(&["/usr/local/bin/mcpctl", "health", "--timeout", "3s"]);
+            let said = String::from_utf8_lossy(&check.stderr).into_owned();
+            assert!(!check.status.success(), "healthy without its Consul");
+            assert!(
+                said.contains("not ready (HTTP 503)")
+                    && said.contains("waiting for the first sync from consul"),
+                "the admin port did not answer not-ready naming Consul: {said}"
+            );
             assert!(!unreachable.healthcheck(), "healthy without its Consul");
             std::thread::sleep(Duration::from_secs(1));
         }
@@ -883,20 +902,37 @@ mod images {
             wrong.join("\n")
         );
 
-        // The access log has the requests (one line per request, in Istio's format).
-        let logs = compose.ok(&["logs", "envoy"]);
-        for host in [
+        // The access log has the requests (one line per request, in Istio's format). Envoy
+        // writes it to its file (here stdout) every 10 s (`--file-flush-interval-msec`), not per
+        // request: a read right after the walkthrough missed its last lines on a fresh machine.
+        // So it is read until every host's 200 is in it, for up to three flushes.
+        let hosts = [
             "hello.service.consul",
             "hello.zookeeper",
             "hello.eureka",
             "hello.default-group.public.nacos",
-        ] {
+        ];
+        let end = Instant::now() + Duration::from_secs(35);
+        loop {
+            let logs = compose.ok(&["logs", "envoy"]);
+            let missing: Vec<&str> = hosts
+                .iter()
+                .copied()
+                .filter(|host| {
+                    !logs
+                        .lines()
+                        .any(|l| l.contains(&format!("\"{host}\"")) && l.contains(" 200 "))
+                })
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
             assert!(
-                logs.lines()
-                    .any(|l| l.contains(&format!("\"{host}\"")) && l.contains(" 200 ")),
-                "no 200 for {host} in Envoy's access log:\n{}",
+                Instant::now() < end,
+                "no 200 for {missing:?} in Envoy's access log after 35 s:\n{}",
                 e2e::tail(&logs, 40)
             );
+            std::thread::sleep(Duration::from_secs(1));
         }
 
         // Nothing crashed and came back on the way (the adapters restart `unless-stopped`), and
@@ -909,6 +945,22 @@ mod images {
             assert!(health.is_empty() || health == "healthy", "{name}: {health}");
         }
 
+        // The listing sees the project before `down` (its filter matches: every container,
+        // its network and its volume), so an empty one after it means something.
+        let before = compose.leftovers();
+        for c in compose.ps() {
+            let name = c["Name"].as_str().unwrap_or_default();
+            assert!(
+                before.contains(&format!("container {name}")),
+                "{name} not in the listing of the project: {before:?}"
+            );
+        }
+        for what in ["network ", "volume "] {
+            assert!(
+                before.iter().any(|l| l.starts_with(what)),
+                "no {what}in the listing of the project: {before:?}"
+            );
+        }
         compose.down();
         let left = compose.leftovers();
         assert!(left.is_empty(), "docker compose down -v left {left:?}");

@@ -238,7 +238,8 @@ fn flood_while_editing(
 }
 
 /// Thousands of streams over many connections ask for thousands of distinct, long type URLs
-/// (16 KiB, then 400 bytes), then a thousand more streams hold on: with the default limits every
+/// (16 KiB, then 400 bytes), then a thousand more streams hold on: with the default limits (but
+/// the share per address) every
 /// stream over a limit is refused with RESOURCE_EXHAUSTED naming it, the adapter's RSS stays
 /// within [`FLOOD_BOUND_MIB`] of its idle RSS (before the limits: +168 MiB for 100 streams of
 /// 100 such types, growing with both), and a SotW and a delta sink get every change meanwhile.
@@ -252,12 +253,18 @@ fn a_flood_of_streams_and_type_urls_is_refused_and_memory_stays_bounded() {
     // streams of each behind all those before on its two threads: on a loaded machine a
     // connection's first stream can come more than the default --idle-connection-timeout (5 s)
     // after it connected, and the adapter rightly closes it as idle (seen: 100-400 streams
-    // failing so, 2 runs in 9). Idle connections have their own tests (`connection_bounds`);
-    // every other limit here is the default.
+    // failing so, 2 runs in 9). Idle connections have their own tests (`connection_bounds`).
+    // The flood comes from one address, and --max-streams-per-peer (256) would refuse most of
+    // it before its type URLs are read: it is raised over --max-streams here, so the limits on
+    // types and on all streams meet thousands of streams (the share per address has its own
+    // test in `connection_bounds`). Every other limit here is the default.
     let a = Adapter::start_with_env(
         "adapter-file",
         &["--path", &path, "--poll-interval", "50ms"],
-        &[("MCP_IDLE_CONNECTION_TIMEOUT", "5m")],
+        &[
+            ("MCP_IDLE_CONNECTION_TIMEOUT", "5m"),
+            ("MCP_MAX_STREAMS_PER_PEER", "2048"),
+        ],
     );
     a.wait_ready();
     let good = XdsSinks::start(
@@ -557,7 +564,7 @@ mod connection_bounds {
     use tokio::io::AsyncReadExt;
     use tokio::net::{TcpSocket, TcpStream};
 
-    use super::write_services;
+    use super::{next_version, served_version, write_services};
 
     const DELTA: &str =
         "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
@@ -807,9 +814,291 @@ mod connection_bounds {
         );
     }
 
+    /// #43 item 4: one address holding idle streams on several connections (each connection
+    /// well within `--max-streams-per-connection`) until it has every `--max-streams` slot
+    /// would lock every istiod out until the connections' age. With `--max-streams 8` and
+    /// `--max-streams-per-peer 3`, 127.0.0.1 gets 3 streams over 3 connections, its 4th is
+    /// refused naming the flag, and 127.0.0.2 is still served.
+    #[test]
+    fn one_address_cannot_take_every_stream_slot() {
+        let (a, _dir) = adapter(
+            &["--max-streams", "8"],
+            &[
+                ("MCP_MAX_STREAMS_PER_PEER", "3"),
+                ("MCP_IDLE_CONNECTION_TIMEOUT", "10m"),
+            ],
+        );
+        let rt = runtime();
+        rt.block_on(async {
+            let lo = Ipv4Addr::LOCALHOST;
+            let req = framed(&delta_request(1).encode_to_vec());
+            let mut held = Vec::new();
+            for _ in 0..3 {
+                let mut c = H2::connect(a.grpc, lo).await;
+                let (resp, body) = c.stream(DELTA, req.clone()).await;
+                let resp = tokio::time::timeout(Duration::from_secs(30), resp)
+                    .await
+                    .expect("an answer")
+                    .expect("response");
+                assert_eq!(resp.headers().get("grpc-status"), None, "{resp:?}");
+                held.push((c, body, resp));
+            }
+            let mut fourth = H2::connect(a.grpc, lo).await;
+            let (resp, _body) = fourth.stream(DELTA, req.clone()).await;
+            let (code, msg) = tokio::time::timeout(Duration::from_secs(30), grpc_status(resp))
+                .await
+                .expect("the fourth stream was served, not refused");
+            assert_eq!(code, "8", "RESOURCE_EXHAUSTED: {msg}");
+            assert!(msg.contains("--max-streams-per-peer"), "{msg}");
+
+            let mut other = H2::connect(a.grpc, Ipv4Addr::new(127, 0, 0, 2)).await;
+            let (resp, _body) = other.stream(DELTA, req).await;
+            let resp = resp.await.expect("response");
+            assert_eq!(resp.headers().get("grpc-status"), None, "{resp:?}");
+            let mut body = resp.into_body();
+            let first = tokio::time::timeout(Duration::from_secs(30), body.data())
+                .await
+                .expect("a response to the other address");
+            assert!(first.expect("data").expect("data").len() > 5);
+            drop(held);
+        });
+        assert_eq!(
+            a.metric_with(
+                "mcp_adapter_refused_streams_total",
+                "limit=\"streams_per_peer\""
+            ),
+            1.0
+        );
+    }
+
+    /// #43 item 5: a large request's receive deadline holds while the stream's task waits on a
+    /// sink that stopped reading. The sink's stream gives the server a 16-byte window; it
+    /// subscribes, the first response sticks in the body, a change's response fills the
+    /// one-slot channel; then it announces a 1 MiB request (its share of the budget is taken)
+    /// and sends no more of it, and a second change leaves the task waiting to hand a response
+    /// over. With `--request-receive-timeout 2s` the stream ends and gives its share back; before,
+    /// nothing read the body while the task waited, and the share was held for the connection's
+    /// age (four such streams hold the whole budget).
+    #[test]
+    fn a_stalled_large_request_ends_at_its_deadline_while_the_sink_does_not_read() {
+        let (a, dir) = adapter(
+            &[],
+            &[
+                ("MCP_REQUEST_RECEIVE_TIMEOUT", "2s"),
+                ("MCP_IDLE_CONNECTION_TIMEOUT", "10m"),
+            ],
+        );
+        let rt = runtime();
+        let timed_out = || {
+            a.metric_with(
+                "mcp_adapter_refused_streams_total",
+                "limit=\"request_receive_timeout\"",
+            )
+        };
+        let sinks = || a.metric("mcp_adapter_connected_sinks");
+        // 200 services of ~2.3 KiB: a response (all of them, or all of them changed) is more
+        // than HTTP/2's send buffer holds, so a sink that does not read blocks the stream.
+        let first = served_version(&a);
+        write_services(dir.path(), 4, 50, 0, 2000);
+        let version = next_version(&a, &first);
+        let held = rt.block_on(async {
+            let tcp = tcp_from(a.grpc, Ipv4Addr::LOCALHOST).await;
+            let (send, conn) = h2::client::Builder::new()
+                .initial_window_size(16)
+                .handshake(tcp)
+                .await
+                .expect("h2 handshake");
+            let mut h2 = H2 {
+                send,
+                conn: tokio::spawn(conn),
+            };
+            let subscribe = framed(&delta_request(0).encode_to_vec());
+            let (_resp, mut body) = h2.stream(DELTA, subscribe).await;
+            let ack = |nonce: &str| {
+                framed(
+                    &DeltaDiscoveryRequest {
+                        type_url: SERVICE_ENTRY.into(),
+                        response_nonce: nonce.into(),
+                        ..Default::default()
+                    }
+                    .encode_to_vec(),
+                )
+            };
+            // Response 1 is in the body (it cannot be written); acknowledged, a change makes
+            // response 2, which waits in the one-slot channel.
+            body.send_data(ack("1"), false).expect("ack 1");
+            let a_change = |generation| {
+                let (dir, a) = (dir.path().to_path_buf(), a.admin);
+                let old = version.clone();
+                tokio::task::spawn_blocking(move || {
+                    write_services(&dir, 4, 50, generation, 2000);
+                    wait_for(Duration::from_secs(20), "the change served", || {
+                        let text = e2e::http_get(a, "/debug/resources").ok()?.1;
+                        (!text.contains(&old)).then_some(())
+                    })
+                })
+            };
+            a_change(1).await.expect("change 1");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            body.send_data(ack("2"), false).expect("ack 2");
+            // A 1 MiB request: its prefix and 100 bytes, then nothing.
+            let mut big = vec![0];
+            big.extend_from_slice(&(1u32 << 20).to_be_bytes());
+            big.extend_from_slice(&[0x0a; 100]);
+            body.send_data(Bytes::from(big), false)
+                .expect("the large request's start");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            // Response 3: the task waits to hand it over, and reads nothing meanwhile.
+            a_change(2).await.expect("change 2");
+            (h2, body)
+        });
+        let started = Instant::now();
+        wait_for(
+            Duration::from_secs(20),
+            "the stalled request refused",
+            || (timed_out() >= 1.0).then_some(()),
+        );
+        eprintln!(
+            "the stalled large request was refused {:?} after the task began to wait",
+            started.elapsed()
+        );
+        drop(held);
+        assert_eq!(timed_out(), 1.0);
+        wait_for(Duration::from_secs(20), "the stream gone", || {
+            (sinks() == 0.0).then_some(())
+        });
+    }
+
+    /// #43 item 5, the second part: large requests waiting for the budget read no more of
+    /// themselves, so what their peer sent of them (all but the frame read) stays in the
+    /// connection's receive window (256 KiB: four streams' 64 KiB). With `--max-request-size
+    /// 256KiB` (a 1 MiB budget), four streams on one connection take the whole budget for
+    /// ~242 KiB requests and send 1 KiB of each; six more announce 250 KiB and fill their stream
+    /// windows; then the four send the rest. Only two may wait per connection, so the other four
+    /// are refused at once and the holders are received and served. Before, the six waiters
+    /// held the connection's whole window: the holders could send nothing more and ran into
+    /// their receive deadline.
+    #[test]
+    fn waiting_large_requests_leave_the_connection_window_to_the_ones_being_received() {
+        let (a, _dir) = adapter(
+            &[],
+            &[
+                ("MCP_MAX_REQUEST_SIZE", "256KiB"),
+                ("MCP_REQUEST_RECEIVE_TIMEOUT", "10s"),
+            ],
+        );
+        let refused = |limit: &str| {
+            a.metric_with(
+                "mcp_adapter_refused_streams_total",
+                &format!("limit=\"{limit}\""),
+            )
+        };
+        let rt = runtime();
+        rt.block_on(async {
+            const PREFIX: usize = 5;
+            // Each holder's response names its 16,500 missing services (~250 KiB), and this
+            // client releases no window: its windows take all four whole.
+            let tcp = tcp_from(a.grpc, Ipv4Addr::LOCALHOST).await;
+            let (send, h2_conn) = h2::client::Builder::new()
+                .initial_window_size(1 << 20)
+                .initial_connection_window_size(4 << 20)
+                .handshake(tcp)
+                .await
+                .expect("h2 handshake");
+            let mut conn = H2 {
+                send,
+                conn: tokio::spawn(h2_conn),
+            };
+            let request = framed(&delta_request(16_500).encode_to_vec());
+            assert!(
+                (240 << 10..250 << 10).contains(&request.len()),
+                "{}",
+                request.len()
+            );
+            let mut holders = Vec::new();
+            for _ in 0..4 {
+                holders.push(conn.stream(DELTA, request.slice(..PREFIX + 1024)).await);
+            }
+            let sinks = a.admin;
+            tokio::task::spawn_blocking(move || {
+                wait_for(Duration::from_secs(30), "the four holders", || {
+                    let text = e2e::http_get(sinks, "/metrics").ok()?.1;
+                    (e2e::metric_sum(&text, "mcp_adapter_connected_sinks") == 4.0).then_some(())
+                })
+            })
+            .await
+            .expect("wait");
+            // Each took its share as it read its prefix, right after it counted as a sink.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut waiters = Vec::new();
+            for _ in 0..6 {
+                let mut announce = vec![0];
+                announce.extend_from_slice(&(250u32 << 10).to_be_bytes());
+                announce.resize(64 << 10, 0x0a);
+                waiters.push(conn.stream(DELTA, Bytes::from(announce)).await);
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            for (_, body) in &mut holders {
+                body.send_data(request.slice(PREFIX + 1024..), false)
+                    .expect("the rest");
+            }
+            // Every holder's response is read at once.
+            let reads: Vec<_> = holders
+                .into_iter()
+                .map(|(resp, body)| {
+                    tokio::spawn(async move {
+                        let mut got = resp.await.expect("response").into_body();
+                        let first = got.data().await.map(|d| d.map(|d| d.len()));
+                        (first, body, got)
+                    })
+                })
+                .collect();
+            let mut kept = Vec::new();
+            for (i, read) in reads.into_iter().enumerate() {
+                let (served, body, got) = tokio::time::timeout(Duration::from_secs(30), read)
+                    .await
+                    .unwrap_or_else(|_| panic!("holder {i}: no answer in 30 s"))
+                    .expect("read");
+                assert!(
+                    matches!(served, Some(Ok(n)) if n > 0),
+                    "holder {i} was not served: {served:?} (refused for its receive deadline: {})",
+                    refused("request_receive_timeout")
+                );
+                kept.push((body, got));
+            }
+            // Four were refused at once; the other two got their share once the holders were
+            // done, and then ran into their own deadline (nothing more was sent).
+            let mut said = Vec::new();
+            for (resp, _body) in waiters {
+                let (code, msg) = grpc_status(resp).await;
+                assert_eq!(code, "8", "RESOURCE_EXHAUSTED: {msg}");
+                said.push(if msg.contains("large requests on this connection") {
+                    "waiting"
+                } else if msg.contains("--request-receive-timeout") {
+                    "deadline"
+                } else {
+                    panic!("{msg}")
+                });
+            }
+            said.sort_unstable();
+            assert_eq!(
+                said,
+                ["deadline", "deadline", "waiting", "waiting", "waiting", "waiting"]
+            );
+        });
+        assert_eq!(refused("large_requests_waiting"), 4.0);
+        assert_eq!(refused("request_receive_timeout"), 2.0);
+    }
+
     /// With `--max-connections 1` taken, 40 more connections at once: at most
     /// [`OVER_LIMIT_HELD`] of them are held (to answer their streams with a status) and the
     /// rest are closed at once; every one of them is counted and closed.
+    ///
+    /// The held ones are counted in `mcp_adapter_connections{state="over_limit"}` only while
+    /// they are open (`mcp_server::conn::OVER_LIMIT_LIFE`, 1 s), so the gauge is sampled from
+    /// before the first connection until all 40 are closed: some sample must see it above 0
+    /// (else the samples say nothing) and none above the bound. Read once at the end it is 0
+    /// whatever the adapter held (an adapter holding all 40 passed).
     #[test]
     fn connections_over_the_limit_are_closed_and_few_are_held() {
         let (a, _dir) = adapter(
@@ -817,8 +1106,17 @@ mod connection_bounds {
             &[("MCP_IDLE_CONNECTION_TIMEOUT", "10m")],
         );
         let rt = runtime();
-        let (closed_after, _within) = rt.block_on(async {
-            let within = H2::connect(a.grpc, Ipv4Addr::LOCALHOST).await;
+        let within = rt.block_on(H2::connect(a.grpc, Ipv4Addr::LOCALHOST));
+        wait_for(
+            Duration::from_secs(30),
+            "the connection within the limit",
+            || {
+                let served = a.metric_with("mcp_adapter_connections", "state=\"served\"");
+                (served == 1.0).then_some(())
+            },
+        );
+        let sampler = OverLimitSampler::start(a.admin);
+        let closed_after = rt.block_on(async {
             let start = Instant::now();
             let mut waits = Vec::new();
             for _ in 0..40 {
@@ -842,20 +1140,74 @@ mod connection_bounds {
                 closed.push(t);
             }
             closed.sort();
-            (closed, within)
+            closed
         });
+        let samples = sampler.finish();
+        let seen = samples.iter().copied().fold(0.0, f64::max);
         eprintln!(
-            "40 connections over --max-connections: closed after min {:?}, median {:?}, max {:?}",
-            closed_after[0], closed_after[20], closed_after[39]
+            "40 connections over --max-connections: closed after min {:?}, median {:?}, max {:?}; \
+             over_limit gauge over {} samples while they were open: max {seen}",
+            closed_after[0],
+            closed_after[20],
+            closed_after[39],
+            samples.len()
+        );
+        assert!(
+            seen > 0.0,
+            "no sample of {} saw a held over-limit connection: the samples say nothing",
+            samples.len()
+        );
+        assert!(
+            seen <= OVER_LIMIT_HELD,
+            "{seen} over-limit connections held at once (bound {OVER_LIMIT_HELD})"
         );
         assert_eq!(refused_conns(&a, "connections"), 40.0);
-        assert!(
-            a.metric_with("mcp_adapter_connections", "state=\"over_limit\"") <= OVER_LIMIT_HELD
+        assert_eq!(
+            a.metric_with("mcp_adapter_connections", "state=\"over_limit\""),
+            0.0,
+            "every held connection closed"
         );
         assert_eq!(
             a.metric_with("mcp_adapter_connections", "state=\"served\""),
             1.0
         );
+        drop(within);
+    }
+
+    /// Samples `mcp_adapter_connections{state="over_limit"}` on its own thread, as often as
+    /// `/metrics` answers, until [`OverLimitSampler::finish`].
+    struct OverLimitSampler {
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        thread: std::thread::JoinHandle<Vec<f64>>,
+    }
+
+    impl OverLimitSampler {
+        fn start(admin: SocketAddr) -> Self {
+            use std::sync::atomic::Ordering;
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let st = stop.clone();
+            let thread = std::thread::spawn(move || {
+                let mut samples = Vec::new();
+                while !st.load(Ordering::SeqCst) {
+                    if let Ok((200, text)) = e2e::http_get(admin, "/metrics") {
+                        let lines: String = text
+                            .lines()
+                            .filter(|l| l.contains("state=\"over_limit\""))
+                            .map(|l| format!("{l}\n"))
+                            .collect();
+                        samples.push(e2e::metric_sum(&lines, "mcp_adapter_connections"));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                samples
+            });
+            Self { stop, thread }
+        }
+
+        fn finish(self) -> Vec<f64> {
+            self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.thread.join().expect("sampler")
+        }
     }
 
     /// Four streams announce 16 MiB requests (the whole large-request budget at the default

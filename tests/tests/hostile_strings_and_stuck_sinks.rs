@@ -42,6 +42,43 @@ const PEAK_BOUND_MIB: f64 = 200.0;
 /// The log may grow by this much over the whole test (before: 151 MB).
 const LOG_BOUND: usize = 256 << 10;
 
+/// How far over its idle value the live heap (`mcp_adapter_heap_bytes`) may stay once every
+/// hostile stream is gone. The count is exact to 16 KiB per thread (what each thread sums before
+/// moving it to the shared count: `mcp_runtime::heap`), a few hundred KiB over the adapter's
+/// threads at most, and what the adapter keeps by design (a label set per refusal kind, the
+/// tables grown to hold ~100 connections at once) is a few KiB; the smallest hostile text in
+/// these tests is 1 MiB, so one kept (a node id, a name, a NACK detail) goes over it.
+const HEAP_AFTER_BOUND_KIB: f64 = 512.0;
+
+/// The adapter's live heap, KiB (`mcp_adapter_heap_bytes`); panics if it is not counted.
+fn heap_kib(a: &Adapter) -> f64 {
+    let bytes = a.metric("mcp_adapter_heap_bytes");
+    assert!(bytes > 0.0, "no mcp_adapter_heap_bytes on /metrics");
+    bytes / 1024.0
+}
+
+/// Waits (up to 30 s) until no sink stream and no connection is open and the live heap is back
+/// within [`HEAP_AFTER_BOUND_KIB`] of `idle_kib`; the heap it saw last.
+fn heap_after(a: &Adapter, idle_kib: f64) -> f64 {
+    wait_for(
+        Duration::from_secs(30),
+        "every stream and connection closed",
+        || {
+            let open =
+                a.metric("mcp_adapter_connected_sinks") + a.metric("mcp_adapter_connections");
+            (open == 0.0).then_some(())
+        },
+    );
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let kib = heap_kib(a);
+        if kib <= idle_kib + HEAP_AFTER_BOUND_KIB || Instant::now() >= end {
+            return kib;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn write_services(dir: &Path, n: usize) {
     let docs: Vec<String> = (0..n)
         .map(|i| {
@@ -226,6 +263,7 @@ fn long_names_node_ids_and_nack_details_are_refused_or_clipped_and_cost_nothing_
     let pid = a.pid().expect("running");
     std::thread::sleep(Duration::from_secs(1));
     let idle = Proc::Pid(pid).mem().rss_mib();
+    let idle_heap = heap_kib(&a);
     let log_before = a.log().len();
     let peak = Peak::start(pid);
 
@@ -277,12 +315,15 @@ fn long_names_node_ids_and_nack_details_are_refused_or_clipped_and_cost_nothing_
     });
     let peak = peak.finish();
     let settled = Proc::Pid(pid).mem().rss_mib();
+    // What they cost after: every stream and connection is gone, the live heap is back.
+    let heap = heap_after(&a, idle_heap);
     let log = a.log();
     let grown = log.len() - log_before;
     let longest = log.lines().map(str::len).max().unwrap_or(0);
+    let warnings = log.matches("Sink rejected a response").count();
     eprintln!(
-        "adapter RSS idle {idle:.1} MiB, after the 1 MiB wave {rss_ones:.1} MiB, after the 4 MiB wave {rss_fours:.1} MiB, peak {peak:.1} MiB, settled {settled:.1} MiB; log grew {grown} bytes, longest line {longest} bytes; NACK warnings {}",
-        log.matches("Sink rejected a response").count()
+        "adapter RSS idle {idle:.1} MiB, after the 1 MiB wave {rss_ones:.1} MiB, after the 4 MiB wave {rss_fours:.1} MiB, peak {peak:.1} MiB, settled {settled:.1} MiB; live heap idle {idle_heap:.0} KiB, after {heap:.0} KiB ({:+.0} KiB); log grew {grown} bytes, longest line {longest} bytes; NACK warnings {warnings}",
+        heap - idle_heap
     );
     assert_eq!(by("--max-node-id-length"), 64, "{all:#?}");
     assert_eq!(by("--max-resource-name-length"), 32, "{all:#?}");
@@ -299,8 +340,15 @@ fn long_names_node_ids_and_nack_details_are_refused_or_clipped_and_cost_nothing_
     assert!(grown <= LOG_BOUND, "the log grew by {grown} bytes");
     assert!(longest < 2048, "a log line of {longest} bytes");
     assert!(
-        log.matches("Sink rejected a response").count() <= 2,
-        "throttled"
+        heap <= idle_heap + HEAP_AFTER_BOUND_KIB,
+        "the live heap stayed at {heap:.0} KiB once every stream was gone, idle {idle_heap:.0} KiB \
+         (bound +{HEAP_AFTER_BOUND_KIB} KiB)"
+    );
+    // 50 NACKs within a few seconds: the first is logged, then at most one more once
+    // `LOG_EVERY` (10 s) has passed.
+    assert!(
+        (1..=2).contains(&warnings),
+        "{warnings} NACK warnings: logged, and throttled"
     );
 }
 
@@ -363,15 +411,27 @@ fn a_sink_that_stops_reading_counts_as_unacked_and_gives_its_slot_back() {
             "1s",
         ],
     );
+    std::thread::sleep(Duration::from_secs(1));
+    let idle_heap = heap_kib(&a);
     let opened = Instant::now();
     let stuck = rt.block_on(stuck_sink(a.grpc));
+    // Counted first (it is, for the 2 s of age and grace): else the wait for it to end below
+    // returns at once, and the time measured says nothing.
+    wait_for(Duration::from_secs(5), "the stuck stream counted", || {
+        (a.metric("mcp_adapter_connected_sinks") == 1.0).then_some(())
+    });
     wait_for(Duration::from_secs(30), "the stuck stream ended", || {
         (a.metric("mcp_adapter_connected_sinks") == 0.0).then_some(())
     });
     let freed = opened.elapsed();
     eprintln!("the stuck stream's slot was free {freed:?} after it opened");
-    // Age and grace (2 s), not the 5 s a farewell to a full channel would add.
+    // Age and grace (2 s), not the 5 s a farewell to a full channel would add; and not before
+    // them (a stream that ended before was not stuck, and the time says nothing).
     assert!(freed < Duration::from_secs(5), "{freed:?}");
+    assert!(
+        freed >= Duration::from_secs(2),
+        "ended before its age: {freed:?}"
+    );
     let served = rt.block_on(async {
         let ch = connect(a.grpc, None).await;
         let first = DiscoveryRequest {
@@ -383,4 +443,15 @@ fn a_sink_that_stops_reading_counts_as_unacked_and_gives_its_slot_back() {
     });
     assert_eq!(served.resources.len(), 20);
     drop(stuck);
+    // The stuck sink and what was queued for it cost nothing once it is gone.
+    let heap = heap_after(&a, idle_heap);
+    eprintln!(
+        "live heap idle {idle_heap:.0} KiB, after the stuck sink {heap:.0} KiB ({:+.0} KiB)",
+        heap - idle_heap
+    );
+    assert!(
+        heap <= idle_heap + HEAP_AFTER_BOUND_KIB,
+        "the live heap stayed at {heap:.0} KiB once the stuck sink was gone, idle \
+         {idle_heap:.0} KiB (bound +{HEAP_AFTER_BOUND_KIB} KiB)"
+    );
 }

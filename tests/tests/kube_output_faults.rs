@@ -6,13 +6,13 @@
 //! namespace the output may not read holds back only its own objects.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use e2e::istiod::apply_istio_crds;
-use e2e::kube::{KubeApiServer, TokenUser};
+use e2e::kube::{audit_args, audited, Audited, KubeApiServer, TokenUser};
 use e2e::kube_output::{endpoints, leads_in_step, output, start_file_adapter, write_entry};
 use e2e::mesh::{self, owned_service_entries};
 use e2e::{wait_for, Adapter};
@@ -57,9 +57,22 @@ fn uids(kube: &KubeApiServer) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Lists of ServiceEntries the output of `a` sent (any answer).
+fn lists(a: &Adapter) -> f64 {
+    a.kube_writes("list")
+}
+
 /// Watches for `window` that every object in `expected` keeps its uid (never deleted, not even
-/// deleted and written back); panics naming the first one that went.
-fn never_deleted(kube: &KubeApiServer, expected: &BTreeMap<String, String>, window: Duration) {
+/// deleted and written back); panics naming the first one that went. Each of `listers` must
+/// list at least twice inside the window: what the first list led to (a delete) is sent before
+/// the second starts, so the window saw it (a window without a re-list proves nothing).
+fn never_deleted(
+    kube: &KubeApiServer,
+    expected: &BTreeMap<String, String>,
+    window: Duration,
+    listers: &[&Adapter],
+) {
+    let before: Vec<f64> = listers.iter().map(|a| lists(a)).collect();
     let end = Instant::now() + window;
     while Instant::now() < end {
         let now = uids(kube);
@@ -68,6 +81,33 @@ fn never_deleted(kube: &KubeApiServer, expected: &BTreeMap<String, String>, wind
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    for (a, before) in listers.iter().zip(before) {
+        let after = lists(a);
+        assert!(
+            after - before >= 2.0,
+            "{} list(s) in the {window:?} window ({before} before, {after} after): no re-list \
+             was watched\n{}",
+            after - before,
+            a.log_tail()
+        );
+    }
+}
+
+/// An API server as [`api_server`] makes, recording every ServiceEntry request (metadata) in
+/// the audit log it returns.
+fn audited_api_server(
+    users: &[TokenUser],
+    namespaces: &[&str],
+    dir: &Path,
+) -> (KubeApiServer, PathBuf) {
+    let (args, log) = audit_args(dir, &[("networking.istio.io", "serviceentries")]);
+    let kube =
+        KubeApiServer::start_with(users, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    for ns in std::iter::once(&"ns").chain(namespaces) {
+        kube.namespace(ns);
+    }
+    apply_istio_crds(&kube);
+    (kube, log)
 }
 
 fn names(list: &Value) -> Vec<String> {
@@ -113,7 +153,7 @@ fn two_file_adapters_with_their_own_leases_never_delete_each_others_objects() {
     });
     let all = uids(&kube);
     // Several re-lists of each: nothing of either is ever deleted.
-    never_deleted(&kube, &all, Duration::from_secs(6));
+    never_deleted(&kube, &all, Duration::from_secs(6), &[&a, &b]);
     // Each names the other: its Lease, its holder, how many objects.
     for (me, other_lease, other) in [
         (&a, "lease-b/mcp-adapter-file", "adapter-b"),
@@ -153,7 +193,7 @@ fn two_file_adapters_with_their_own_leases_never_delete_each_others_objects() {
     // b stops (its Lease released): a still never takes b's objects, which b finds as it left
     // them when it comes back.
     b.terminate(Duration::from_secs(10));
-    never_deleted(&kube, &all, Duration::from_secs(4));
+    never_deleted(&kube, &all, Duration::from_secs(4), &[&a]);
     assert_eq!(
         output(&a)["ownerConflicts"][0]["holder"],
         "nobody now (the Lease is not held)"
@@ -174,7 +214,7 @@ fn two_file_adapters_with_their_own_leases_never_delete_each_others_objects() {
             .is_some_and(|o| endpoints(o) == ["10.0.0.22"])
             .then_some(())
     });
-    never_deleted(&kube, &all, Duration::from_secs(2));
+    never_deleted(&kube, &all, Duration::from_secs(3), &[&a]);
 }
 
 #[test]
@@ -214,7 +254,7 @@ fn two_file_adapters_sharing_one_lease_never_delete_each_others_objects() {
     );
     assert!(output(&b)["leaseConflict"].is_string(), "{}", output(&b));
     // Several of a's re-lists and b's Lease looks: nothing of a's is deleted, b writes nothing.
-    never_deleted(&kube, &all, Duration::from_secs(6));
+    never_deleted(&kube, &all, Duration::from_secs(6), &[&a]);
     assert_eq!(uids(&kube), all);
     assert_eq!(b.kube_writes("apply") + b.kube_writes("delete"), 0.0);
     assert_eq!(a.kube_writes("delete"), 0.0);
@@ -407,14 +447,15 @@ fn changing_the_shard_count_leaves_no_object_behind() {
     for (i, s) in services.iter().enumerate() {
         write_entry(dir.path(), s, &format!("10.0.0.{}", i + 1));
     }
-    let shard_labels = |kube: &KubeApiServer| -> BTreeMap<String, String> {
+    // Name -> (shard label, uid).
+    let shard_labels = |kube: &KubeApiServer| -> BTreeMap<String, (String, String)> {
         owned_service_entries(kube, "file")
             .into_iter()
             .map(|(k, o)| {
-                let l = o["metadata"]["labels"]["mcp-adapter/shard"]
-                    .as_str()
-                    .unwrap_or("");
-                (k, l.to_string())
+                let m = &o["metadata"];
+                let l = m["labels"]["mcp-adapter/shard"].as_str().unwrap_or("");
+                let uid = m["uid"].as_str().unwrap_or("");
+                (k, (l.to_string(), uid.to_string()))
             })
             .collect()
     };
@@ -442,30 +483,40 @@ fn changing_the_shard_count_leaves_no_object_behind() {
             .eq(wanted.iter().map(String::as_str))
             && labels
                 .values()
-                .all(|l| l.ends_with(&format!("-of-{count}")))
+                .all(|(l, _)| l.ends_with(&format!("-of-{count}")))
     };
     let mut two = run(2);
     wait_for(WAIT, "two shards write every service", || {
         converged(&kube, 2, &services).then_some(())
     });
+    let before = shard_labels(&kube);
     for a in &mut two {
         a.terminate(Duration::from_secs(10));
     }
     // While no adapter runs, svc-8 leaves: the new layout must delete its old object too.
     std::fs::remove_file(dir.path().join("svc-8.yaml")).expect("remove");
     let three = run(3);
-    // Every served name stays in the API server throughout the hand-over (no process deletes
-    // an object another one is about to take over).
+    // Every served object stays in the API server throughout the hand-over, the same object
+    // (its uid: a delete and re-create between two looks would not show in the names): no
+    // process deletes an object another one is about to take over.
     let served: Vec<String> = services[..8].iter().map(|s| format!("ns/{s}")).collect();
+    let uid_of = |labels: &BTreeMap<String, (String, String)>, n: &String| {
+        labels.get(n).map(|(_, uid)| uid.clone())
+    };
     wait_for(
         WAIT,
         "three shards hold every service, nothing of two left",
         || {
             let now = shard_labels(&kube);
-            let missing: Vec<&String> = served.iter().filter(|n| !now.contains_key(*n)).collect();
+            let replaced: Vec<(&String, Option<String>, Option<String>)> = served
+                .iter()
+                .filter(|n| uid_of(&now, n) != uid_of(&before, n))
+                .map(|n| (n, uid_of(&before, n), uid_of(&now, n)))
+                .collect();
             assert!(
-                missing.is_empty(),
-                "{missing:?} missing during the hand-over"
+                replaced.is_empty(),
+                "missing or re-created during the hand-over (name, uid before, uid now): \
+                 {replaced:?}"
             );
             converged(&kube, 3, &services[..8]).then_some(())
         },
@@ -474,15 +525,121 @@ fn changing_the_shard_count_leaves_no_object_behind() {
         wait_for(WAIT, "in step", || leads_in_step(a).then_some(()));
         assert_eq!(output(a)["ownerConflicts"], json!([]), "{}", output(a));
     }
+    // And once all are in step: every object the two-shard layout wrote and three still serve
+    // is the one it wrote.
+    let now = shard_labels(&kube);
+    for n in &served {
+        assert_eq!(uid_of(&now, n), uid_of(&before, n), "{n} re-created");
+    }
     let deletes: f64 = three.iter().map(|a| a.kube_writes("delete")).sum();
     assert!(deletes >= 1.0, "svc-8 deleted by the new layout");
+}
+
+/// #43 item 3: changing the shard mode, not only the count: one process serving 2 shards ->
+/// a process per shard -> unsharded -> one process serving 2 shards again. At each step the
+/// new layout takes over every object of the one before (its Lease's holder stopped: released
+/// when it stopped, or, when it was killed, seen unchanged for its duration and the grace), with
+/// its own labels and Lease, and no owner conflict is left. Before, a layout whose Lease name differs (`--shards` against `--shard`,
+/// `--shard` against none) had another fingerprint, and the objects stayed "another adapter's"
+/// forever, never updated or deleted.
+#[test]
+#[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
+fn changing_the_shard_mode_takes_over_the_objects_of_the_layout_before() {
+    let kube = api_server(&[], &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let services: Vec<String> = (0..6).map(|i| format!("svc-{i}")).collect();
+    for (i, s) in services.iter().enumerate() {
+        write_entry(dir.path(), s, &format!("10.0.0.{}", i + 1));
+    }
+    // Name -> (shard label, Lease annotation).
+    let objects = |kube: &KubeApiServer| -> BTreeMap<String, (String, String)> {
+        owned_service_entries(kube, "file")
+            .into_iter()
+            .map(|(k, o)| {
+                let m = &o["metadata"];
+                let shard = m["labels"]["mcp-adapter/shard"].as_str().unwrap_or("");
+                let lease = m["annotations"]["mcp-adapter/lease"].as_str().unwrap_or("");
+                (k, (shard.to_string(), lease.to_string()))
+            })
+            .collect()
+    };
+    // Each layout: its processes' flags.
+    let layouts: [(&str, Vec<Vec<&str>>); 4] = [
+        ("one process, --shards 2", vec![vec!["--shards", "2"]]),
+        (
+            "a process per shard, --shard i/2",
+            vec![vec!["--shard", "0/2"], vec!["--shard", "1/2"]],
+        ),
+        ("unsharded", vec![vec![]]),
+        (
+            "one process, --shards 2, again",
+            vec![vec!["--shards", "2"]],
+        ),
+    ];
+    let mut running: Vec<Adapter> = Vec::new();
+    for (step, (what, processes)) in layouts.iter().enumerate() {
+        // The processes per shard are killed (their Leases are not released); the others stop.
+        for a in &mut running {
+            if step == 2 {
+                a.kill();
+            } else {
+                a.terminate(Duration::from_secs(10));
+            }
+        }
+        let started = Instant::now();
+        running = processes
+            .iter()
+            .map(|flags| {
+                let mut extra = flags.clone();
+                extra.extend_from_slice(&["--output-resync", "5s"]);
+                start(dir.path(), &kube.kubeconfig(), &extra)
+            })
+            .collect();
+        let sharded = !processes[0].is_empty();
+        let per_shard = processes.len() > 1;
+        wait_for(
+            Duration::from_secs(120),
+            &format!("{what}: every object taken over"),
+            || {
+                let now = objects(&kube);
+                let all_there = services
+                    .iter()
+                    .all(|s| now.contains_key(&format!("ns/{s}")));
+                // Labelled when sharded; under the Lease of the process that serves its shard.
+                let right = now.values().all(|(shard, lease)| {
+                    let lease_ok = if per_shard {
+                        *lease == format!("ns/mcp-adapter-file-shard-{shard}")
+                    } else {
+                        lease == "ns/mcp-adapter-file"
+                    };
+                    shard.is_empty() != sharded && lease_ok
+                });
+                let settled = running
+                    .iter()
+                    .all(|a| leads_in_step(a) && output(a)["ownerConflicts"] == json!([]));
+                (all_there && right && settled).then_some(())
+            },
+        );
+        eprintln!("step {step}, {what}: taken over in {:?}", started.elapsed());
+        if step == 2 {
+            // The killed processes' Leases were not released: judged by watching them.
+            assert!(
+                started.elapsed() > Duration::from_secs(25),
+                "taken over {:?} after a kill, before the Leases could be judged",
+                started.elapsed()
+            );
+        }
+    }
 }
 
 #[test]
 #[ignore = "needs kube-apiserver (tests/kube-apiserver/build.sh)"]
 fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
     let writer = TokenUser::new("writer-token", "writer");
-    let kube = api_server(std::slice::from_ref(&writer), &["closed"]);
+    // Every ServiceEntry request in the audit log: what the adapter sent to closed, not only
+    // what RBAC let through.
+    let audit = tempfile::tempdir().expect("tempdir");
+    let (kube, log) = audited_api_server(std::slice::from_ref(&writer), &["closed"], audit.path());
     // The writer may work on ServiceEntries in ns (and its Lease there), nothing in closed.
     kube.apply(
         "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/roles",
@@ -526,12 +683,20 @@ fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
             "ns,closed",
             "--output-lease-namespace",
             "ns",
+            // A re-list (and a new plan) every second: each could send closed's object.
+            "--output-resync",
+            "1s",
         ],
     );
     wait_for(WAIT, "ns/open written despite closed", || {
         owned_service_entries(&kube, "file")
             .contains_key("ns/open")
             .then_some(())
+    });
+    // Two more rounds after the write, each a list of both namespaces and a plan.
+    let listed = lists(&a);
+    wait_for(WAIT, "two more lists of ns and closed", || {
+        (lists(&a) >= listed + 4.0).then_some(())
     });
     let o = output(&a);
     assert!(
@@ -546,4 +711,46 @@ fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
     assert!(kube
         .get("/apis/networking.istio.io/v1/namespaces/closed/serviceentries/shut")
         .is_none());
+    // That shut is absent is RBAC's doing; the adapter's is that it never asked. Only lists
+    // went to closed (refused, 403), and the one write of all is ns/open's apply.
+    let requests: Vec<Audited> = audited(&log, "serviceentries")
+        .into_iter()
+        .filter(|r| r.user == "writer")
+        .collect();
+    let to_closed: Vec<&Audited> = requests
+        .iter()
+        .filter(|r| r.namespace == "closed")
+        .collect();
+    assert!(
+        !to_closed.is_empty() && to_closed.iter().all(|r| r.verb == "list" && r.code == 403),
+        "requests to closed other than refused lists: {to_closed:?}\n{}",
+        a.log_tail()
+    );
+    let writes: Vec<&Audited> = requests
+        .iter()
+        .filter(|r| !["list", "get", "watch"].contains(&r.verb.as_str()))
+        .collect();
+    // The one write: ns/open's apply, created (201).
+    let said: Vec<(&str, &str, &str, i64)> = writes
+        .iter()
+        .map(|r| {
+            (
+                r.verb.as_str(),
+                r.namespace.as_str(),
+                r.name.as_str(),
+                r.code,
+            )
+        })
+        .collect();
+    assert_eq!(said, [("patch", "ns", "open", 201)], "{}", a.log_tail());
+    assert_eq!(
+        (
+            a.kube_writes("apply"),
+            a.kube_writes("delete"),
+            a.kube_writes("probe")
+        ),
+        (1.0, 0.0, 0.0),
+        "{}",
+        a.log_tail()
+    );
 }

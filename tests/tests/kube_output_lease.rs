@@ -7,10 +7,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use e2e::istiod::apply_istio_crds;
-use e2e::kube::{KubeApiServer, TokenUser};
+use e2e::kube::{audit_args, audited, Audited, KubeApiServer, TokenUser};
 use e2e::kube_output::{endpoints, leads_in_step, output, start_file_adapter, write_entry};
 use e2e::mesh::owned_service_entries;
 use e2e::stall_proxy::StallProxy;
@@ -28,39 +28,12 @@ fn holds(kube: &KubeApiServer, name: &str, ip: &str) -> bool {
         .is_some_and(|o| endpoints(o) == [ip])
 }
 
-/// A write of a ServiceEntry as the API server's audit log recorded it.
-#[derive(Debug)]
-struct Write {
-    user: String,
-    verb: String,
-    name: String,
-    /// `requestReceivedTimestamp` (RFC 3339 with microseconds: ordered as text).
-    received: String,
-}
-
 /// The ServiceEntry writes the API server completed, in the order it received them.
-fn audited_writes(log: &Path) -> Vec<Write> {
-    let text = std::fs::read_to_string(log).expect("read the audit log");
-    let mut writes: Vec<Write> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["stage"] == "ResponseComplete")
-        .filter(|e| e["objectRef"]["resource"] == "serviceentries")
-        .filter(|e| {
-            ["create", "patch", "update", "delete"].contains(&e["verb"].as_str().unwrap_or(""))
-        })
-        .map(|e| Write {
-            user: e["user"]["username"].as_str().unwrap_or("").to_string(),
-            verb: e["verb"].as_str().unwrap_or("").to_string(),
-            name: e["objectRef"]["name"].as_str().unwrap_or("").to_string(),
-            received: e["requestReceivedTimestamp"]
-                .as_str()
-                .unwrap_or("")
-                .to_string(),
-        })
-        .collect();
-    writes.sort_by(|a, b| a.received.cmp(&b.received));
-    writes
+fn audited_writes(log: &Path) -> Vec<Audited> {
+    audited(log, "serviceentries")
+        .into_iter()
+        .filter(|w| ["create", "patch", "update", "delete"].contains(&w.verb.as_str()))
+        .collect()
 }
 
 #[test]
@@ -68,24 +41,13 @@ fn audited_writes(log: &Path) -> Vec<Write> {
 fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
     // The audit log: metadata of every ServiceEntry and Lease request, nothing else.
     let audit = tempfile::tempdir().expect("tempdir");
-    let policy = audit.path().join("policy.yaml");
-    let log = audit.path().join("audit.log");
-    std::fs::write(
-        &policy,
-        json!({
-            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
-            "omitStages": ["RequestReceived"],
-            "rules": [
-                {"level": "Metadata", "resources": [
-                    {"group": "networking.istio.io", "resources": ["serviceentries"]},
-                    {"group": "coordination.k8s.io", "resources": ["leases"]},
-                ]},
-                {"level": "None"},
-            ],
-        })
-        .to_string(),
-    )
-    .expect("write the audit policy");
+    let (audit_args, log) = audit_args(
+        audit.path(),
+        &[
+            ("networking.istio.io", "serviceentries"),
+            ("coordination.k8s.io", "leases"),
+        ],
+    );
     // Each replica its own user, so the audit log tells their writes apart; both in
     // system:masters (the API server authorizes with RBAC, and this test is not about roles).
     let users: Vec<TokenUser> = ["a", "b"]
@@ -95,13 +57,6 @@ fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
             ..TokenUser::new(&format!("token-replica-{r}"), &format!("replica-{r}"))
         })
         .collect();
-    let audit_args = [
-        format!("--audit-log-path={}", log.display()),
-        format!("--audit-policy-file={}", policy.display()),
-        // Each event as it happens (the default for the log backend, spelled out: the test
-        // reads the file while the server runs).
-        "--audit-log-mode=blocking".to_string(),
-    ];
     let kube = KubeApiServer::start_with(
         &users,
         &audit_args.iter().map(String::as_str).collect::<Vec<_>>(),
@@ -158,7 +113,20 @@ fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
     proxy.stall();
     let stalled = Instant::now();
     std::thread::sleep(RENEW_DEADLINE + Duration::from_secs(2));
-    eprintln!("a after the renew deadline: {}", output(&a));
+    // By then a says it no longer leads (its admin port is not behind the proxy): the Lease's
+    // metric and the writer's status both.
+    let status = output(&a);
+    eprintln!("a after the renew deadline: {status}");
+    assert_eq!(
+        a.metric("mcp_adapter_kube_output_leader"),
+        0.0,
+        "a still leads {:?} after the stall: {status}\n{}",
+        stalled.elapsed(),
+        a.log_tail()
+    );
+    assert_eq!(status["leader"], false, "{status}\n{}", a.log_tail());
+    // Nor did b take over yet: the Lease has not been unchanged for its duration.
+    assert_eq!(b.metric("mcp_adapter_kube_output_leader"), 0.0);
     // Both replicas see this change; only a leader may write it. It comes after a's deadline
     // on purpose: a write a sends while it still leads (before the deadline) is held by the
     // partition like any packet and may land after the takeover; keeping those out needs the
@@ -171,9 +139,13 @@ fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
     );
     eprintln!("b took over {:?} after the stall", stalled.elapsed());
 
-    // a's network heals: whatever it still held back arrives now.
+    // a's network heals: whatever it still held back arrives now. The audit log is read only
+    // once a has been answered again and says it follows: a write it held back is in the log
+    // by then, not still on its way.
     proxy.resume();
-    std::thread::sleep(Duration::from_secs(5));
+    a.wait_admin(WAIT, "replica a follows", "/readyz", |_, body| {
+        body.contains("kube output: following")
+    });
     // A later change, written by b: the audit log covers the whole window after the takeover.
     write_entry(dir.path(), "pay", "10.0.0.33");
     wait_for(WAIT, "replica b writes pay's change", || {
@@ -198,7 +170,7 @@ fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
         .find(|w| w.user == "replica-b")
         .map(|w| w.received.clone())
         .expect("b wrote");
-    let late: Vec<&Write> = writes
+    let late: Vec<&Audited> = writes
         .iter()
         .filter(|w| w.user == "replica-a" && w.received >= takeover)
         .collect();
@@ -207,11 +179,9 @@ fn a_partitioned_leader_stops_writing_before_the_follower_takes_over() {
         "a's writes reached the API server after b's first write ({takeover}): {late:?}\n{}",
         a.log_tail()
     );
-    // a is back in touch and follows.
-    a.wait_admin(WAIT, "replica a follows", "/readyz", |_, body| {
-        body.contains("kube output: following")
-    });
+    // a still follows.
     assert_eq!(output(&a)["leader"], false);
+    assert_eq!(a.metric("mcp_adapter_kube_output_leader"), 0.0);
     assert_eq!(output(&b)["leader"], true);
     drop(proxy);
 }

@@ -197,7 +197,11 @@ impl Hold {
     /// them can move until one leaves its slot.
     fn in_cycle(&self, key: &ServiceKey, place: &impl Fn(&ServiceKey) -> Option<u32>) -> bool {
         let mut at = key;
-        for _ in 0..=self.unsettled.len() + 1 {
+        // Each step goes to the holder of a slot, so a chain back to `key` is at most as long
+        // as there are held slots. (`unsettled`, the bound before, is empty here: `settle`
+        // has moved it into its work, so only swaps of two were ever found, and three
+        // services holding each other's places waited forever.)
+        for _ in 0..=self.held.len() {
             let Some(holder) = place(at).and_then(|s| self.held.get(&s)) else {
                 return false;
             };
@@ -326,6 +330,95 @@ mod tests {
         }
     }
 
+    /// `n` keys with one home slot.
+    fn sharing_a_home(n: usize) -> Vec<ServiceKey> {
+        let mut homes: HashMap<u32, Vec<ServiceKey>> = HashMap::new();
+        for i in 0.. {
+            let k = key(i);
+            let group = homes.entry(home_slot(&k, 30)).or_default();
+            group.push(k);
+            if group.len() == n {
+                return group.clone();
+            }
+        }
+        unreachable!()
+    }
+
+    /// #43 item 1: `n` services sharing a home slot, settled; then a rolling deploy re-dates
+    /// the oldest, then the next oldest, ...: each re-dating rotates who should sit where, so
+    /// the waiting services hold each other's places in a cycle as long as the group. Every
+    /// cycle must resolve (the allocator names a deadline while anyone waits), no address goes
+    /// to another service within the quarantine, and once quiet the addresses are a fresh
+    /// replica's.
+    fn rotation(n: usize) -> Vec<String> {
+        let keys_in_order = sharing_a_home(n);
+        let keys: BTreeSet<ServiceKey> = keys_in_order.iter().cloned().collect();
+        let mut v = Vips::new(CIDR);
+        v.set_quarantine(Q);
+        let mut w = Watch::default();
+        let mut now = Instant::now();
+        let mut order: BTreeMap<ServiceKey, u64> = BTreeMap::new();
+        for (i, k) in keys_in_order.iter().enumerate() {
+            order.insert(k.clone(), i as u64);
+            v.set(k, dated(i as u64));
+        }
+        let mut changed = BTreeSet::new();
+        v.settle(now, &mut changed);
+        w.step(&v, &keys, now, &changed, "start");
+        for round in 0..n {
+            let next = (n + round) as u64;
+            // The oldest now is re-dated: the youngest of all.
+            let oldest = order
+                .iter()
+                .min_by_key(|(_, o)| **o)
+                .map(|(k, _)| k.clone())
+                .expect("keys");
+            order.insert(oldest.clone(), next);
+            v.set(&oldest, dated(next));
+            now += Duration::from_secs(1);
+            let mut changed = BTreeSet::new();
+            v.settle(now, &mut changed);
+            w.step(&v, &keys, now, &changed, &format!("re-dated {round}"));
+            // Quiet: settle at each deadline the allocator names, until none.
+            let mut steps = 0;
+            while let Some(deadline) = v.next_deadline() {
+                steps += 1;
+                assert!(steps <= 50, "{n} keys, round {round}: never settles");
+                now = now.max(deadline);
+                let mut changed = BTreeSet::new();
+                v.settle(now, &mut changed);
+                w.step(
+                    &v,
+                    &keys,
+                    now,
+                    &changed,
+                    &format!("round {round} quiet {steps}"),
+                );
+            }
+            let mut fresh = Vips::new(CIDR);
+            for (k, o) in &order {
+                fresh.set(k, dated(*o));
+            }
+            fresh.settle(now, &mut BTreeSet::new());
+            for k in &keys {
+                assert_eq!(
+                    v.get(k),
+                    fresh.get(k),
+                    "{n} keys, round {round}: {k:?} is served where a fresh replica serves it"
+                );
+            }
+        }
+        w.violations
+    }
+
+    #[test]
+    fn swaps_of_any_length_resolve_and_agree_with_a_fresh_replica() {
+        for n in 2..=6 {
+            let violations = rotation(n);
+            assert!(violations.is_empty(), "{n} keys: {violations:#?}");
+        }
+    }
+
     /// Two keys with one home slot.
     fn rivals() -> (ServiceKey, ServiceKey) {
         let mut homes: HashMap<u32, ServiceKey> = HashMap::new();
@@ -426,7 +519,29 @@ mod tests {
     /// replica's (reached at the deadlines the allocator names).
     #[test]
     fn no_address_goes_to_another_key_within_the_quarantine() {
-        let violations = random_walk(Q);
+        let violations = random_walk(Q, &(0..16).map(key).collect::<Vec<_>>());
+        assert!(violations.is_empty(), "{violations:#?}");
+    }
+
+    /// The same walk over three groups of five keys, each group sharing a home slot: re-datings
+    /// within a group make the waiting keys hold each other's places in cycles of any length.
+    #[test]
+    fn walks_of_colliding_groups_settle_where_a_fresh_replica_does() {
+        let mut groups: BTreeMap<u32, Vec<ServiceKey>> = BTreeMap::new();
+        for i in 0..5000 {
+            groups
+                .entry(home_slot(&key(i), 30))
+                .or_default()
+                .push(key(i));
+        }
+        let keys: Vec<ServiceKey> = groups
+            .into_values()
+            .filter(|g| g.len() >= 5)
+            .take(3)
+            .flat_map(|g| g.into_iter().take(5))
+            .collect();
+        assert_eq!(keys.len(), 15);
+        let violations = random_walk(Q, &keys);
         assert!(violations.is_empty(), "{violations:#?}");
     }
 
@@ -434,7 +549,7 @@ mod tests {
     /// others held in the previous step, hundreds of times.
     #[test]
     fn without_a_quarantine_the_walk_hands_addresses_over() {
-        let violations = random_walk(Duration::ZERO);
+        let violations = random_walk(Duration::ZERO, &(0..16).map(key).collect::<Vec<_>>());
         eprintln!(
             "{} violations, e.g. {:#?}",
             violations.len(),
@@ -443,7 +558,7 @@ mod tests {
         assert!(violations.len() > 100, "{violations:#?}");
     }
 
-    fn random_walk(quarantine: Duration) -> Vec<String> {
+    fn random_walk(quarantine: Duration, keys: &[ServiceKey]) -> Vec<String> {
         let mut rng = Rng(0x51_7cc1_b727_220a);
         let t0 = Instant::now();
         let mut violations = Vec::new();
@@ -456,7 +571,7 @@ mod tests {
             let mut now = t0 + Duration::from_secs(1000 * round);
             let mut next_order = 0;
             for step in 0..300 {
-                let k = key(rng.below(16));
+                let k = keys[rng.below(keys.len() as u64) as usize].clone();
                 all.insert(k.clone());
                 next_order += 1;
                 let want = match rng.below(6) {

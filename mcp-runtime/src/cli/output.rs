@@ -81,6 +81,11 @@ pub struct OutputArgs {
     /// `entry::run` from the whole command line; see `fingerprint`).
     #[arg(skip)]
     pub config_fingerprint: String,
+
+    /// The same without the shard layout (`fingerprint::of_layout_free`): what the output
+    /// writes on its objects.
+    #[arg(skip)]
+    pub objects_fingerprint: String,
 }
 
 /// A rate above zero.
@@ -97,6 +102,7 @@ impl OutputArgs {
             burst: self.output_burst,
             resync: self.output_resync,
             fingerprint: self.config_fingerprint.clone(),
+            objects_fingerprint: self.objects_fingerprint.clone(),
         }
     }
 }

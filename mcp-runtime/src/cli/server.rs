@@ -13,7 +13,7 @@ use mcp_server::limits::{
 // #33 stream bounds
 use mcp_server::limits::{MAX_NODE_ID_LENGTH, MAX_RESOURCE_NAME_LENGTH, MAX_STREAM_BYTES};
 // #33 connection bounds
-use mcp_server::limits::{ConnectionBounds, MAX_CONNECTIONS_PER_PEER};
+use mcp_server::limits::{ConnectionBounds, MAX_CONNECTIONS_PER_PEER, MAX_STREAMS_PER_PEER};
 
 /// Flags of the gRPC server's limits.
 #[derive(Clone, Debug, clap::Args)]
@@ -98,6 +98,12 @@ pub struct ServerArgs {
     #[arg(long, env = "MCP_MAX_CONNECTIONS_PER_PEER", default_value_t = MAX_CONNECTIONS_PER_PEER, value_parser = positive)]
     pub max_connections_per_peer: usize,
 
+    /// Most streams served at once to one IP address (all its connections and the shard ports
+    /// together): a stream over it is refused with RESOURCE_EXHAUSTED, so that one address
+    /// holding idle streams never takes every `--max-streams` slot.
+    #[arg(long, env = "MCP_MAX_STREAMS_PER_PEER", default_value_t = MAX_STREAMS_PER_PEER, value_parser = positive)]
+    pub max_streams_per_peer: usize,
+
     /// A request over 16 KiB must arrive whole within this long of taking its share of the
     /// large-request budget (`--max-request-size`), or its stream ends with RESOURCE_EXHAUSTED.
     #[arg(long, env = "MCP_REQUEST_RECEIVE_TIMEOUT", default_value = "30s", value_parser = receive_timeout)]
@@ -112,6 +118,7 @@ impl ServerArgs {
             idle_timeout: (!self.idle_connection_timeout.is_zero())
                 .then_some(self.idle_connection_timeout),
             max_per_peer: self.max_connections_per_peer,
+            max_streams_per_peer: self.max_streams_per_peer,
             request_receive_timeout: self.request_receive_timeout,
         }
     }
