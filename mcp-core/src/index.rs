@@ -26,7 +26,7 @@ use crate::registry::RegistryEvent;
 use crate::shard::shard_of;
 use crate::translate::OnEmpty;
 use crate::translate::{translate, TranslateConfig};
-use crate::vip::{needs_vip, Vips};
+use crate::vip::{needs_vip, QuarantinedVip, SavedVip, Vips};
 
 /// The problems scope for services the `--vip-cidr` range had no room for.
 const VIP_SCOPE: &str = "--vip-cidr";
@@ -295,6 +295,23 @@ impl Index {
     /// (`--vip-quarantine`; zero, the default here, serves the placement at once).
     pub fn set_vip_quarantine(&mut self, quarantine: std::time::Duration) {
         self.vips.set_quarantine(quarantine);
+    }
+
+    /// The virtual IPs in quarantine at `now` (for `--state-file` and `/debug/resources`).
+    pub fn vip_quarantine(&self, now: Instant) -> Vec<QuarantinedVip> {
+        self.vips.quarantined(now)
+    }
+
+    /// Quarantines again the virtual IPs an earlier run saved in `--state-file` (see
+    /// [`Vips::restore_quarantine`]); before the first flush. Returns how many addresses are in
+    /// quarantine then.
+    pub fn restore_vip_quarantine(
+        &mut self,
+        saved: &[SavedVip],
+        wall: std::time::SystemTime,
+        now: Instant,
+    ) -> usize {
+        self.vips.restore_quarantine(saved, wall, now)
     }
 
     /// When a service waiting for a quarantined address may get it: flush then.

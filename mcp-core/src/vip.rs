@@ -21,11 +21,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::model::{CreationOrder, Resolution, Service, ServiceKey};
 
 mod hold;
+mod saved;
+
+pub use saved::{QuarantinedVip, SavedVip};
 
 /// `--vip-quarantine` default: how long a slot a service stopped holding is kept from every
 /// other service. Long enough for what clients cache an address for (DNS caches of 30-60 s,
@@ -243,6 +246,49 @@ impl Vips {
     /// When a service waiting for a quarantined slot may move (call [`Vips::settle`] then).
     pub fn next_deadline(&self) -> Option<Instant> {
         self.hold.next_deadline()
+    }
+
+    /// The addresses in quarantine at `now`, in address order (for `--state-file` and
+    /// `/debug/resources`).
+    pub fn quarantined(&self, now: Instant) -> Vec<QuarantinedVip> {
+        let Some((first, _)) = self.cidr.slots() else {
+            return Vec::new();
+        };
+        let mut out: Vec<QuarantinedVip> = self
+            .hold
+            .quarantined(now)
+            .map(|(slot, key, until)| QuarantinedVip {
+                address: Ipv4Addr::from(first + slot),
+                released_by: key.clone(),
+                until,
+            })
+            .collect();
+        out.sort_unstable_by_key(|q| q.address);
+        out
+    }
+
+    /// Quarantines again the addresses `saved` by an earlier run (`--state-file`) for what is
+    /// left of their time at the wall-clock time `wall` (read at `now`), at most
+    /// `--vip-quarantine` ([`SavedVip::remaining`]); ended ones and addresses outside the range
+    /// are dropped. Call before the first [`Vips::settle`]. Returns how many addresses are in
+    /// quarantine then.
+    pub fn restore_quarantine(
+        &mut self,
+        saved: &[SavedVip],
+        wall: SystemTime,
+        now: Instant,
+    ) -> usize {
+        let Some((first, count)) = self.cidr.slots() else {
+            return 0;
+        };
+        let quarantine = self.hold.quarantine();
+        for s in saved {
+            let slot = u32::from(s.address).wrapping_sub(first);
+            if let Some(left) = s.remaining(wall, quarantine).filter(|_| slot < count) {
+                self.hold.restore(slot, &s.released_by(), now + left);
+            }
+        }
+        self.hold.quarantined(now).count()
     }
 
     /// Whether allocation is on.

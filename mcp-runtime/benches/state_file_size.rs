@@ -63,11 +63,14 @@ fn main() {
 
         let path = dir.join(format!("state-{services}.pb"));
         let t = Instant::now();
-        state_file::save(&path, &snapshot).expect("saved");
+        state_file::save(&path, &snapshot, &[]).expect("saved");
         let write = t.elapsed();
         let bytes = std::fs::metadata(&path).expect("written").len();
         let t = Instant::now();
-        let back = state_file::load(&path).expect("read").expect("present");
+        let back = state_file::load(&path)
+            .expect("read")
+            .expect("present")
+            .snapshot;
         let read = t.elapsed();
         assert_eq!(back.version, snapshot.version, "the same set back");
 

@@ -283,6 +283,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
 
     let shutdown = CancellationToken::new();
     let (snap_txs, snap_rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| watch::channel(None)).unzip();
+    let (vips_tx, vips_rx) = watch::channel(Arc::<[mcp_core::vip::QuarantinedVip]>::from([]));
     let state_files: Vec<PathBuf> = args
         .state_file
         .iter()
@@ -311,6 +312,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         health: health_reporter,
         shutdown: shutdown.clone(),
         state_files: state_files.clone(),
+        vip_quarantine: vips_tx,
         shard: args.shard(),
     };
     // The writer is the only task that moves the served set forward: if it dies (a panic),
@@ -320,9 +322,9 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         Ok(())
     }));
     for (path, rx) in state_files.into_iter().zip(&snap_rxs) {
-        let (rx, stop) = (rx.clone(), shutdown.clone());
+        let (rx, vips, stop) = (rx.clone(), vips_rx.clone(), shutdown.clone());
         tasks.spawn(async move {
-            state_file::keep_saved(path, rx, stop).await;
+            state_file::keep_saved(path, rx, vips, stop).await;
             Ok(())
         });
     }

@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use mcp_core::index::{Problems, Quarantined};
+use mcp_core::vip::QuarantinedVip;
 use mcp_kube_output::SharedOutputStatus;
 
 /// Health of the source as the writer task last saw it.
@@ -23,6 +24,8 @@ pub struct Status {
     pub quarantine: Vec<Quarantined>,
     /// Registry objects skipped as bad data.
     pub problems: Problems,
+    /// Virtual IPs in quarantine (`--vip-quarantine`), as of the writer's last publish.
+    pub vip_quarantine: Vec<QuarantinedVip>,
     /// The Kubernetes output's own status (`--output kube|both`).
     pub output: Option<SharedOutputStatus>,
 }

@@ -1126,7 +1126,7 @@ fn state_volumes_hold_two_state_files_of_100k_services() {
     let snapshot = index.flush().expect("a snapshot");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("last-served.pb");
-    state_file::save(&path, &snapshot).expect("saved");
+    state_file::save(&path, &snapshot, &[]).expect("saved");
     let file_100k = std::fs::metadata(&path).expect("written").len() * 10;
     let needed = file_100k * 2 * 3 / 2;
 

@@ -62,6 +62,10 @@ impl Hold {
         self.quarantine = quarantine;
     }
 
+    pub(super) fn quarantine(&self) -> Duration {
+        self.quarantine
+    }
+
     pub(super) fn get(&self, key: &ServiceKey) -> Option<u32> {
         self.served.get(key).copied()
     }
@@ -235,6 +239,47 @@ impl Hold {
             },
         );
         self.reserved.insert(key.clone(), slot);
+        self.expiry.insert((until, slot));
+    }
+
+    /// The quarantined slots at `now`: each with the member that let go of it and the end of
+    /// its quarantine (a slot taken since is no longer in `freed`).
+    pub(super) fn quarantined(
+        &self,
+        now: Instant,
+    ) -> impl Iterator<Item = (u32, &ServiceKey, Instant)> {
+        self.freed
+            .iter()
+            .filter(move |(_, f)| f.until > now)
+            .map(|(slot, f)| (*slot, &f.key, f.until))
+    }
+
+    /// Quarantines `slot`, let go of by `key` in an earlier run, until `until` (`--state-file`):
+    /// as if `key` had released it, so only `key` may take it back before then. Before any
+    /// [`Hold::settle`] (nothing is held yet); of two quarantines of one slot the later end wins.
+    pub(super) fn restore(&mut self, slot: u32, key: &ServiceKey, until: Instant) {
+        if self.held.contains_key(&slot) || self.freed.get(&slot).is_some_and(|f| f.until >= until)
+        {
+            return;
+        }
+        let freed = Freed {
+            key: key.clone(),
+            until,
+        };
+        if let Some(old) = self.freed.insert(slot, freed) {
+            if self.reserved.get(&old.key) == Some(&slot) {
+                self.reserved.remove(&old.key);
+            }
+        }
+        // A key's reservation is the slot it let go of last.
+        let later = self
+            .reserved
+            .get(key)
+            .and_then(|r| self.freed.get(r))
+            .is_none_or(|f| f.until <= until);
+        if later {
+            self.reserved.insert(key.clone(), slot);
+        }
         self.expiry.insert((until, slot));
     }
 

@@ -4,13 +4,15 @@
 //! scraper pointed at it would cost the adapter that much at every call. So the answer is a page:
 //! `?limit=` resources (default [`DEFAULT_LIMIT`], at most [`MAX_LIMIT`]) from `?offset=`, or
 //! only the resource `?name=` (`namespace/name`). The lists that can grow with the registry
-//! (quarantined services, problem scopes and each scope's lines, the Kubernetes output's names)
-//! hold at most `limit` items too. `total` says how many resources there are, `truncated` whether
-//! anything was left out, `next` where the next page of resources is (null on the last one).
+//! (quarantined services, virtual IPs in quarantine, problem scopes and each scope's lines, the
+//! Kubernetes output's names) hold at most `limit` items too. `total` says how many resources
+//! there are, `truncated` whether anything was left out, `next` where the next page of resources
+//! is (null on the last one).
 //! Every text quoted from elsewhere is cut (`clip`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::{Query, State};
 use axum::Json;
@@ -21,6 +23,7 @@ use crate::status::Status;
 use mcp_core::cache::{Entry, Snapshot, Summary};
 use mcp_core::clip::{clip, ERROR_TEXT_MAX};
 use mcp_core::index::Quarantined;
+use mcp_core::vip::QuarantinedVip;
 
 /// Resources per page when `?limit=` is not given: enough to read a small registry whole, small
 /// enough (about 100 KiB of JSON) to ask for often.
@@ -53,6 +56,17 @@ struct Served<'a> {
     shard: Option<usize>,
     #[serde(flatten)]
     summary: &'a Summary,
+}
+
+/// A virtual IP in quarantine (`--vip-quarantine`): no other service gets it for
+/// `remainingSeconds`.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct VipView {
+    address: String,
+    /// The service that let go of it (the one that may take it back).
+    released_by: String,
+    remaining_seconds: u64,
 }
 
 /// One shard of a `--shards` source.
@@ -218,6 +232,26 @@ fn status_part(st: &Status, limit: usize, body: &mut Value) -> bool {
     cut |= st.problems.len() > limit;
     body["quarantined"] = json!(quarantined);
     body["quarantinedTotal"] = json!(st.quarantine.len());
+    // The status is as of the last publish; a quarantine that ended since is left out.
+    let now = Instant::now();
+    let running: Vec<&QuarantinedVip> =
+        st.vip_quarantine.iter().filter(|v| v.until > now).collect();
+    cut |= running.len() > limit;
+    let vips: Vec<VipView> = running
+        .iter()
+        .take(limit)
+        .map(|v| {
+            let left = v.until.saturating_duration_since(now);
+            VipView {
+                address: v.address.to_string(),
+                released_by: clip(&v.released_by.to_string(), ERROR_TEXT_MAX).into_owned(),
+                // Rounded up: a quarantine still running never shows 0.
+                remaining_seconds: left.as_secs() + u64::from(left.subsec_nanos() > 0),
+            }
+        })
+        .collect();
+    body["vipQuarantine"] = json!(vips);
+    body["vipQuarantineTotal"] = json!(running.len());
     body["problems"] = json!(problems);
     body["problemsTotal"] = json!(st.problems.len());
     if let Some(o) = &st.output {
@@ -248,8 +282,10 @@ mod tests {
     use crate::status::SharedStatus;
     use mcp_core::index::Index;
     use mcp_core::metrics::Metrics;
+    use mcp_core::model::ServiceKey;
     use mcp_core::registry::RegistryEvent;
     use mcp_core::testing::mk_service;
+    use std::time::Duration;
     use tokio::sync::watch;
 
     fn snapshot(names: impl Iterator<Item = String>) -> Arc<Snapshot> {
@@ -373,6 +409,13 @@ mod tests {
                     serving_last_good: false,
                 })
                 .collect();
+            st.vip_quarantine = (0..20)
+                .map(|i| QuarantinedVip {
+                    address: std::net::Ipv4Addr::new(242, 1, 0, i + 1),
+                    released_by: ServiceKey::namespaced("ns", "n".repeat(10_000)),
+                    until: Instant::now() + Duration::from_secs(60),
+                })
+                .collect();
         }
         let p = page(&s, &q(Some(10), None, None));
         assert_eq!(p["truncated"], true);
@@ -382,6 +425,8 @@ mod tests {
         let problems = p["problems"].as_object().expect("problems");
         assert_eq!(problems.len(), 10);
         assert_eq!(p["problemsTotal"], 20);
+        assert_eq!(p["vipQuarantine"].as_array().map(Vec::len), Some(10));
+        assert_eq!(p["vipQuarantineTotal"], 20);
         let lines = problems["file 0"].as_array().expect("lines");
         assert_eq!(lines.len(), 11, "10 lines and the count of the rest");
         assert_eq!(lines[10], "…[20 more]");
@@ -394,6 +439,32 @@ mod tests {
         );
         // The whole answer stays small although the status holds 6 MB of problem text.
         assert!(p.to_string().len() < 100_000, "{}", p.to_string().len());
+    }
+
+    /// #43 item 9: each virtual IP in quarantine with the service that let go of it and the
+    /// seconds left; one that ended since the last publish is not shown.
+    #[test]
+    fn virtual_ips_in_quarantine_are_shown_while_it_runs() {
+        let s = state(vec![snapshot(std::iter::once("a".to_string()))]);
+        s.status.lock().vip_quarantine = vec![
+            QuarantinedVip {
+                address: std::net::Ipv4Addr::new(242, 1, 0, 7),
+                released_by: ServiceKey::namespaced("ns", "db"),
+                until: Instant::now() + Duration::from_millis(299_500),
+            },
+            QuarantinedVip {
+                address: std::net::Ipv4Addr::new(242, 1, 0, 8),
+                released_by: ServiceKey::namespaced("ns", "ended"),
+                until: Instant::now(),
+            },
+        ];
+        let p = page(&s, &DebugQuery::default());
+        assert_eq!(
+            p["vipQuarantine"],
+            json!([{"address": "242.1.0.7", "releasedBy": "ns/db", "remainingSeconds": 300}])
+        );
+        assert_eq!(p["vipQuarantineTotal"], 1);
+        assert_eq!(p["truncated"], false);
     }
 
     #[test]

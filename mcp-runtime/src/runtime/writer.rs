@@ -20,6 +20,7 @@ use mcp_core::metrics::Metrics;
 use mcp_core::registry::{Registry, RegistryError, RegistryEvent};
 use mcp_core::retry::Backoff;
 use mcp_core::shard::Shard;
+use mcp_core::vip::QuarantinedVip;
 
 /// The single writer: owns the index and publishes snapshots.
 pub(super) struct Writer {
@@ -33,6 +34,9 @@ pub(super) struct Writer {
     pub(super) shutdown: CancellationToken,
     /// `--state-file`, one per shard (none without the flag).
     pub(super) state_files: Vec<PathBuf>,
+    /// The virtual IPs in quarantine, for the state files' savers (one set for every shard:
+    /// the addresses are allocated once for the whole index).
+    pub(super) vip_quarantine: watch::Sender<Arc<[QuarantinedVip]>>,
     /// The services this adapter serves; the rest of the registry is dropped on arrival.
     pub(super) shard: Shard,
 }
@@ -151,23 +155,29 @@ impl Writer {
 
     /// `--state-file`: serves the set saved by an earlier run until the registry answers, so an
     /// adapter restarted during a registry outage is not empty (and not unready).
+    /// The virtual IP quarantine saved with it is restored too, before the registry's first
+    /// set is placed: a restart during a quarantine does not hand the address over.
     async fn restore(&mut self) {
-        let mut restored = false;
         let mut newest: Option<SystemTime> = None;
+        let mut snapshots = Vec::new();
+        let mut vips = Vec::new();
         for (shard, path) in self.state_files.iter().enumerate() {
             match state_file::load(path) {
-                Ok(Some(snapshot)) => {
+                Ok(Some(saved)) => {
                     let written = std::fs::metadata(path).and_then(|m| m.modified()).ok();
                     tracing::info!(
                         path = %path.display(),
                         shard,
-                        version = %snapshot.version,
-                        resources = snapshot.len(),
+                        version = %saved.snapshot.version,
+                        resources = saved.snapshot.len(),
+                        vip_quarantine = saved.vip_quarantine.len(),
                         "Serving the state saved by an earlier run until the registry answers."
                     );
                     newest = newest.max(written);
-                    restored = true;
-                    self.snapshots[shard].send_replace(Some(Arc::new(snapshot)));
+                    snapshots.push((shard, saved.snapshot));
+                    // Every shard's file holds the whole quarantine; one that was written
+                    // later may know a later end ([`Index::restore_vip_quarantine`] keeps it).
+                    vips.extend(saved.vip_quarantine);
                 }
                 Ok(None) => {
                     tracing::info!(path = %path.display(), shard, "No state file yet; it is written at every change.");
@@ -177,8 +187,22 @@ impl Writer {
                 }
             }
         }
-        if !restored {
+        if snapshots.is_empty() {
             return;
+        }
+        let kept =
+            self.index
+                .restore_vip_quarantine(&vips, SystemTime::now(), std::time::Instant::now());
+        if kept > 0 {
+            tracing::info!(
+                addresses = kept,
+                "Virtual IPs still in quarantine from the earlier run: kept from other services."
+            );
+        }
+        // Shared before the snapshots, so the saver writes the restored set back with it.
+        self.update_debug();
+        for (shard, snapshot) in snapshots {
+            self.snapshots[shard].send_replace(Some(Arc::new(snapshot)));
         }
         {
             let mut st = self.status.lock();
@@ -241,10 +265,27 @@ impl Writer {
         self.update_debug();
     }
 
+    /// Brings the status and the state files' virtual IP quarantine up to date.
     fn update_debug(&self) {
+        let vips = self.index.vip_quarantine(std::time::Instant::now());
+        // Only a quarantine that began (or changed) makes the savers write: one that ended
+        // alone is no reason to write the whole set again (a load drops it). Both lists are in
+        // address order.
+        self.vip_quarantine.send_if_modified(|shared| {
+            let began = vips.iter().any(|v| {
+                shared
+                    .binary_search_by_key(&v.address, |s| s.address)
+                    .map_or(true, |i| shared[i] != *v)
+            });
+            if began {
+                *shared = Arc::from(vips.as_slice());
+            }
+            began
+        });
         let mut st = self.status.lock();
         st.quarantine = self.index.quarantine().to_vec();
         st.problems = self.index.problems().clone();
+        st.vip_quarantine = vips;
     }
 
     async fn mark_healthy(&self) {
