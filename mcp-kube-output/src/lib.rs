@@ -196,6 +196,14 @@ impl OutputStatus {
         if let Some(e) = &self.last_error {
             s.push_str(&format!(" (last error: {e})"));
         }
+        // A leader that cannot renew its Lease fails (/registryz 503) before it stops writing
+        // at the renew deadline: the line says why.
+        if let Some(e) = &self.lease_error {
+            s.push_str(&format!(
+                "; cannot renew the Lease {} ({e}): writing stops at its deadline",
+                self.lease
+            ));
+        }
         if !self.conflicts.is_empty() {
             s.push_str(&format!(
                 "; {} names held by objects not ours, left alone",

@@ -134,16 +134,36 @@ impl Adapter {
         })
     }
 
-    /// Polls /registryz until it answers `status`, within `timeout`; the body. A 503 whose
-    /// registry line only says the first sync has not happened yet (`<registry> not synced yet`,
-    /// no error) is what every adapter answers at its start, before it has tried anything: it is
-    /// passed over, so that waiting for a failure on a newly started adapter returns the
-    /// failure's report. The registry line is the first; the Kubernetes output's line, when
-    /// there is one, follows it (and may say nothing wrong yet either).
+    /// Polls /registryz until it answers `status`, within `timeout`; the body. A 503 while the
+    /// adapter has tried nothing yet (registry not synced, no error, and the Kubernetes output,
+    /// when there is one, not failing) is what every adapter answers at its start: it is passed
+    /// over, so that waiting for a failure on a newly started adapter returns the failure's
+    /// report. That is read from /debug/resources' fields ([`only_not_synced_yet`]), before and
+    /// after the /registryz answer, both having to say the same: the two are separate requests.
     pub fn wait_registryz(&self, timeout: Duration, what: &str, status: u16) -> String {
-        self.wait_admin(timeout, what, "/registryz", |s, body| {
-            s == status && !(s == 503 && only_not_synced_yet(body))
+        wait_for(timeout, what, || {
+            let before = self.start_up_only()?;
+            let (s, body) = http_get(self.admin, "/registryz").ok()?;
+            if s != status {
+                return None;
+            }
+            if s == 503 && (before || self.start_up_only()?) {
+                return None;
+            }
+            Some(body)
         })
+    }
+
+    /// [`only_not_synced_yet`] on /debug/resources (`limit=1`: one item of each list is enough
+    /// to tell it from an empty one; 0 would empty them all), `None` when the admin port cannot
+    /// be reached.
+    fn start_up_only(&self) -> Option<bool> {
+        let (s, body) = http_get(self.admin, "/debug/resources?limit=1").ok()?;
+        if s != 200 {
+            return None;
+        }
+        let debug: serde_json::Value = serde_json::from_str(&body).expect("debug JSON");
+        Some(only_not_synced_yet(&debug))
     }
 
     /// Polls /debug/resources until its `problems` (as JSON text) satisfy `pred`, within
@@ -285,51 +305,93 @@ impl Adapter {
     }
 }
 
-/// Whether a 503 from /registryz says only that nothing has been tried yet: the registry line is
-/// `<registry> not synced yet` with no error, and the Kubernetes output's line, if any, reports
-/// no failure (one that has not looked at its Lease yet, a replica that follows, or a leader
-/// with nothing wrong; a conflict, a refused Lease or a write error is a report worth
-/// returning, even before the registry's first sync).
-fn only_not_synced_yet(body: &str) -> bool {
-    let mut lines = body.lines();
-    let registry_line = lines.next().unwrap_or_default();
-    registry_line.ends_with(" not synced yet")
-        && lines.all(|l| {
-            l.starts_with("kube output: starting")
-                || l.starts_with("kube output: following")
-                || (l.starts_with("kube output: leader")
-                    && !l.contains("(last error")
-                    && !l.contains("; "))
-        })
+/// Whether `debug` (/debug/resources) says that nothing has been tried yet: the registry is
+/// not synced and has no error, and the Kubernetes output, if on, is not failing (its own
+/// `failing`, what makes /registryz 503) and holds no name conflict and no refused object (a
+/// conflict, a refused Lease or a write error is a report worth returning, even before the
+/// registry's first sync). Panics when a field is missing (a binary older than the field would
+/// otherwise read as "nothing wrong").
+fn only_not_synced_yet(debug: &serde_json::Value) -> bool {
+    let flag = |v: &serde_json::Value, name: &str| {
+        v[name]
+            .as_bool()
+            .unwrap_or_else(|| panic!("/debug/resources without a boolean {name:?}: {v}"))
+    };
+    let registry_untried = !flag(debug, "synced") && debug["lastError"].is_null();
+    let output_untried = match &debug["kubeOutput"] {
+        serde_json::Value::Null => true,
+        o => {
+            let empty = |name: &str| match &o[name] {
+                serde_json::Value::Array(a) => a.is_empty(),
+                serde_json::Value::Object(m) => m.is_empty(),
+                other => panic!("kubeOutput.{name} is not a list: {other}"),
+            };
+            !flag(o, "failing") && empty("conflicts") && empty("rejected")
+        }
+    };
+    registry_untried && output_untried
 }
 
 #[cfg(test)]
 mod tests {
     use super::only_not_synced_yet;
+    use serde_json::{json, Value};
+
+    /// /debug/resources' fields for a registry `synced` with `last_error`, and `output` (the
+    /// Kubernetes output's fields) when on.
+    fn debug(synced: bool, last_error: Option<&str>, output: Option<Value>) -> Value {
+        let mut d = json!({"synced": synced, "lastError": last_error});
+        if let Some(o) = output {
+            d["kubeOutput"] = o;
+        }
+        d
+    }
+
+    fn output(failing: bool, conflicts: &[&str], rejected: Value) -> Option<Value> {
+        Some(json!({"failing": failing, "conflicts": conflicts, "rejected": rejected}))
+    }
 
     #[test]
     fn the_start_up_503_is_told_from_a_report() {
-        assert!(only_not_synced_yet("file not synced yet\n"));
-        assert!(only_not_synced_yet(
-            "file not synced yet\nkube output: starting (Lease ns/mcp-adapter-file not looked at yet)\n"
-        ));
-        assert!(only_not_synced_yet(
-            "file not synced yet\nkube output: following (Lease ns/mcp-adapter-file held by another replica)\n"
-        ));
-        assert!(only_not_synced_yet(
-            "file not synced yet\nkube output: leader, API server in step (0 objects)\n"
-        ));
-        assert!(!only_not_synced_yet(
-            "consul not synced yet (last error: connection refused)\n"
-        ));
-        assert!(!only_not_synced_yet(
-            "file not synced yet\nkube output: not writing: Lease ns/mcp-adapter-file is held by adapter-a, configured differently\n"
-        ));
-        assert!(!only_not_synced_yet(
-            "file not synced yet\nkube output: leader, API server 2 objects behind for 1.0s (last error: 500)\n"
-        ));
-        assert!(!only_not_synced_yet(
-            "file healthy\nkube output: following (Lease x held by another replica)\n"
+        assert!(only_not_synced_yet(&debug(false, None, None)));
+        assert!(only_not_synced_yet(&debug(
+            false,
+            None,
+            output(false, &[], json!({}))
+        )));
+        assert!(!only_not_synced_yet(&debug(
+            false,
+            Some("connection refused"),
+            None
+        )));
+        assert!(!only_not_synced_yet(&debug(true, None, None)));
+        // The output fails (a Lease held by an adapter configured differently, a write error, a
+        // leader's Lease error, which its line does not even name).
+        assert!(!only_not_synced_yet(&debug(
+            false,
+            None,
+            output(true, &[], json!({}))
+        )));
+        assert!(!only_not_synced_yet(&debug(
+            false,
+            None,
+            output(false, &["ns/a"], json!({}))
+        )));
+        assert!(!only_not_synced_yet(&debug(
+            false,
+            None,
+            output(false, &[], json!({"ns/a": {"code": 422}}))
+        )));
+    }
+
+    /// An adapter without the `failing` field is not read as "nothing wrong".
+    #[test]
+    #[should_panic(expected = "without a boolean \"failing\"")]
+    fn an_output_without_its_verdict_is_refused() {
+        only_not_synced_yet(&debug(
+            false,
+            None,
+            Some(json!({"conflicts": [], "rejected": {}})),
         ));
     }
 }

@@ -458,7 +458,35 @@ fn an_api_server_outage_and_hand_edits_are_repaired_with_only_what_changed() {
     write_entry(dir.path(), "b", "10.0.0.22");
     write_entry(dir.path(), "c", "10.0.0.3");
     let body = a.wait_registryz(WAIT, "/registryz says the output is failing", 503);
-    assert!(body.contains("kube output"), "{body}");
+    // The registry is fine: the 503 is the output's, which cannot reach the API server. What
+    // fails first is a write or the Lease's renewal (the leader's line does not name the
+    // latter: its status does).
+    assert_eq!(body.lines().next(), Some("file healthy"), "{body}");
+    let o = output(&a);
+    assert_eq!(o["failing"], true, "{o}");
+    let unreachable = |e: &Value| {
+        e.as_str()
+            .is_some_and(|e| e.contains("client error (Connect)"))
+    };
+    assert!(
+        unreachable(&o["lastError"]) || unreachable(&o["leaseError"]),
+        "{body}{o}"
+    );
+    // The writes of b and c fail: the line says so, quoting the error, and holds back those two.
+    let body = a.wait_admin(WAIT, "/registryz: b and c behind", "/registryz", |s, b| {
+        s == 503
+            && b.lines().nth(1).is_some_and(|l| {
+                l.starts_with("kube output: leader, API server 2 objects behind for ")
+                    && l.split_once(" (last error: ")
+                        .is_some_and(|(_, e)| e.contains("client error (Connect)"))
+            })
+    });
+    let o = output(&a);
+    assert_eq!(
+        (&o["pending"], &o["failing"]),
+        (&json!(2), &json!(true)),
+        "{body}{o}"
+    );
     let (status, ready) = a.get("/readyz");
     assert_eq!(status, 200, "still ready (the registry is fine): {ready}");
     a.assert_no_registry_errors("during the API server outage");

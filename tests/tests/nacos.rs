@@ -666,12 +666,37 @@ fn restarts_keep_every_service_until_its_clients_return(v: Version) {
             .all(|s| endpoints(i, &name(s)).len() == 1)
     });
     let before = mcpctl_get(&xds);
+    let errors = a.metric("mcp_adapter_registry_errors_total");
 
     // 1. The server stops: the last state stays served, /registryz says why. `gone`'s client
     // stops meanwhile: it will never register again.
     nacos.stop();
+    // Why: the session to it ended, a listing in flight failed, or (once the adapter tries
+    // again) the server refuses the connection, named by its address; every try while it is
+    // down says the latter.
     let body = a.wait_registryz(CHANGE_TIMEOUT, "registryz 503 during the outage", 503);
-    assert!(body.contains("nacos unhealthy"), "{body}");
+    let server = format!("Nacos at http://{} is unavailable: ", nacos.server_addr());
+    let grpc = format!("Nacos gRPC at http://127.0.0.1:{}", nacos.grpc_port());
+    let why = body
+        .strip_prefix("nacos unhealthy for ")
+        .and_then(|b| b.split_once("s: registry unavailable: "))
+        .map_or("", |(_, why)| why);
+    assert!(
+        why.starts_with("the Nacos connection for namespace \"public\" ended")
+            || why.contains(&server)
+            || why.contains(&grpc),
+        "{body}"
+    );
+    a.wait_admin(
+        CHANGE_TIMEOUT,
+        "registryz naming the stopped server's refusal",
+        "/registryz",
+        |s, body| {
+            s == 503
+                && body.contains(&format!("registry unavailable: {server}"))
+                && body.contains("Connection refused")
+        },
+    );
     assert_eq!(a.get("/readyz").0, 200, "the last good state is served");
     assert_eq!(
         mcpctl_get(&xds),
@@ -685,8 +710,24 @@ fn restarts_keep_every_service_until_its_clients_return(v: Version) {
     // the server again: `pay` and `gone` keep their endpoints meanwhile, and no snapshot is
     // built while the clients return.
     let snapshots = a.metric("mcp_adapter_snapshots_total");
+    let connects = requests(&a, "connect");
     pay.pause(true);
     nacos.restart();
+    // The adapter's own reconnect first: its watch ended (counted as a registry error) and a
+    // new one opened a session to the restarted server. Only then is a 200 the new watch's
+    // (once it has read the server and subscribed again): before, it could be the old watch's
+    // listing answering again while its session is still the stopped server's, and every
+    // comparison below would hold of an adapter that has read nothing since the restart.
+    e2e::wait_for(
+        CHANGE_TIMEOUT,
+        "the adapter's reconnect: a session opened to the restarted server",
+        || (requests(&a, "connect") > connects).then_some(()),
+    );
+    assert!(
+        a.metric("mcp_adapter_registry_errors_total") > errors,
+        "the watch of the stopped server ended without an error counted; log:\n{}",
+        a.log_tail()
+    );
     a.wait_registryz(
         CHANGE_TIMEOUT,
         "registryz 200 once the adapter reads it again",

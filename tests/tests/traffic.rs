@@ -347,6 +347,19 @@ spec:
   endpoints: [{address: 10.77.1.240}]
 ";
 
+/// The one change of [`World::steady_state`]: a ServiceEntry of its own in the file registry's
+/// namespace (which both sidecars import), on an address no backend uses.
+const STEADY_FILE: &str = "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: steady, namespace: inventory}
+spec:
+  hosts: [steady.inventory.internal]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 18080, name: http, protocol: HTTP}]
+  endpoints: [{address: 10.77.1.230}]
+";
+
 /// The same `inventory/billing` as a ServiceEntry object in the mesh cluster, with another
 /// endpoint.
 fn billing_crd() -> Value {
@@ -649,13 +662,27 @@ impl World {
     }
 
     /// Nothing changes for 10 s: nothing is pushed to the sidecars, istiod pushes nothing, no
-    /// adapter builds a snapshot or counts an error, and no sidecar rejected anything.
+    /// adapter builds a snapshot or counts an error, and no sidecar rejected anything. Then one
+    /// change, a new ServiceEntry in the file registry: the file adapter builds exactly one
+    /// snapshot (the others none), istiod pushes to both sidecars and each takes a CDS update
+    /// (the new cluster), so the counters the quiet window watched do move when something
+    /// changes.
     fn steady_state(&self) {
         let updates = || (self.mesh.envoy.xds_updates(), self.captured.xds_updates());
         let snapshots =
             || -> Vec<f64> { self.regs.all().into_iter().map(adapter_snapshots).collect() };
         let (before_updates, before_pushes, before_snapshots) =
             (updates(), self.mesh.pushes(), snapshots());
+        // istiod has pushed to both sidecars by now: a 0 would be a metric that is not read,
+        // against which "nothing pushed" holds whatever happens.
+        assert!(
+            before_pushes > 0.0,
+            "istiod's pilot_xds_pushes reads {before_pushes} after it configured both sidecars"
+        );
+        assert!(
+            before_snapshots.iter().all(|n| *n > 0.0),
+            "an adapter with no snapshot counted: {before_snapshots:?}"
+        );
         std::thread::sleep(Duration::from_secs(10));
         assert_eq!(
             updates(),
@@ -671,6 +698,54 @@ impl World {
             snapshots(),
             before_snapshots,
             "snapshots while nothing changed"
+        );
+        self.no_rejects();
+
+        // The positive step: one change in one registry.
+        let file = self
+            .regs
+            .all()
+            .iter()
+            .position(|r| r.kind() == "file")
+            .expect("the file registry");
+        self.regs.file.write_file("steady.yaml", STEADY_FILE);
+        let after = wait_for(
+            CONFIG_TIMEOUT,
+            "both sidecars take a CDS update with the new ServiceEntry",
+            || {
+                let (now, was) = (updates(), before_updates);
+                (now.0.cds > was.0.cds && now.1.cds > was.1.cds).then_some(now)
+            },
+        );
+        let mut expected = before_snapshots.clone();
+        expected[file] += 1.0;
+        wait_for(
+            Duration::from_secs(10),
+            "the file adapter's snapshot of the change",
+            || (snapshots() == expected).then_some(()),
+        );
+        // Settled: one snapshot for one change, and none anywhere else.
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            snapshots(),
+            expected,
+            "one snapshot, of the file adapter (registries in Registries::all's order)"
+        );
+        // A new ServiceEntry is a full push: CDS, EDS, LDS and RDS to each sidecar.
+        let pushed = self.mesh.pushes() - before_pushes;
+        assert!(
+            pushed >= 8.0,
+            "istiod pushed {pushed} times for a new ServiceEntry seen by two sidecars"
+        );
+        eprintln!(
+            "steady state: quiet for 10 s, then one new ServiceEntry: 1 snapshot, {pushed} \
+             pushes by istiod, sidecars' (CDS, LDS, EDS) updates {:?} -> {:?}",
+            (
+                before_updates.0.cds,
+                before_updates.0.lds,
+                before_updates.0.eds
+            ),
+            (after.0.cds, after.0.lds, after.0.eds)
         );
         self.no_rejects();
     }

@@ -255,7 +255,14 @@ fn status_part(st: &Status, limit: usize, body: &mut Value) -> bool {
     body["problems"] = json!(problems);
     body["problemsTotal"] = json!(st.problems.len());
     if let Some(o) = &st.output {
-        let (json, output_cut) = o.lock().to_json(limit);
+        let o = o.lock();
+        let (mut json, output_cut) = o.to_json(limit);
+        // Whether the output makes /registryz 503, as /registryz decides it, read under the same
+        // lock as the rest: a tool that waits for the output's failure reads this field, not the
+        // wording of /registryz's line (which leaves out a leader's Lease error, for one).
+        if let Some(fields) = json.as_object_mut() {
+            fields.insert("failing".into(), json!(o.failing()));
+        }
         body["kubeOutput"] = json;
         cut |= output_cut;
     }
@@ -465,6 +472,30 @@ mod tests {
         );
         assert_eq!(p["vipQuarantineTotal"], 1);
         assert_eq!(p["truncated"], false);
+    }
+
+    /// `kubeOutput.failing` is the output's own verdict (what makes /registryz 503), also for a
+    /// leader whose Lease cannot be renewed.
+    #[test]
+    fn the_output_says_whether_it_fails() {
+        let s = state(vec![snapshot(std::iter::once("a".to_string()))]);
+        let output = mcp_kube_output::SharedOutputStatus::default();
+        s.status.lock().output = Some(output.clone());
+        {
+            let mut o = output.lock();
+            o.leader = true;
+            o.lease_looked = true;
+            o.in_step = true;
+        }
+        let p = page(&s, &DebugQuery::default());
+        assert_eq!(p["kubeOutput"]["failing"], false, "{p}");
+        output.lock().lease_error = Some("connection refused".into());
+        let p = page(&s, &DebugQuery::default());
+        assert_eq!(p["kubeOutput"]["failing"], true, "{p}");
+        assert!(
+            output.lock().summary().contains("cannot renew the Lease"),
+            "the line says it too"
+        );
     }
 
     #[test]
