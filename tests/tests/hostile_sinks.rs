@@ -636,6 +636,20 @@ mod connection_bounds {
         }
     }
 
+    /// Opens a stream from `from` with `req` and waits for its first response: served, not
+    /// refused.
+    async fn served_from(to: SocketAddr, from: Ipv4Addr, req: Bytes) {
+        let mut conn = H2::connect(to, from).await;
+        let (resp, _body) = conn.stream(DELTA, req).await;
+        let resp = resp.await.expect("response");
+        assert_eq!(resp.headers().get("grpc-status"), None, "{resp:?}");
+        let mut body = resp.into_body();
+        let first = tokio::time::timeout(Duration::from_secs(30), body.data())
+            .await
+            .unwrap_or_else(|_| panic!("no response to {from} within 30 s"));
+        assert!(first.expect("data").expect("data").len() > 5);
+    }
+
     /// One gRPC message: the 5-byte prefix and `body`.
     fn framed(body: &[u8]) -> Bytes {
         let mut m = vec![0];
@@ -794,15 +808,7 @@ mod connection_bounds {
                 .expect("the refused connection is closed")
                 .expect("task");
 
-            let mut other = H2::connect(a.grpc, Ipv4Addr::new(127, 0, 0, 2)).await;
-            let (resp, _body) = other.stream(DELTA, req).await;
-            let resp = resp.await.expect("response");
-            assert_eq!(resp.headers().get("grpc-status"), None, "{resp:?}");
-            let mut body = resp.into_body();
-            let first = tokio::time::timeout(Duration::from_secs(30), body.data())
-                .await
-                .expect("a response from the other address");
-            assert!(first.expect("data").expect("data").len() > 5);
+            served_from(a.grpc, Ipv4Addr::new(127, 0, 0, 2), req).await;
         });
         assert_eq!(refused_conns(&a, "connections_per_peer"), 1.0);
         assert_eq!(
@@ -851,15 +857,7 @@ mod connection_bounds {
             assert_eq!(code, "8", "RESOURCE_EXHAUSTED: {msg}");
             assert!(msg.contains("--max-streams-per-peer"), "{msg}");
 
-            let mut other = H2::connect(a.grpc, Ipv4Addr::new(127, 0, 0, 2)).await;
-            let (resp, _body) = other.stream(DELTA, req).await;
-            let resp = resp.await.expect("response");
-            assert_eq!(resp.headers().get("grpc-status"), None, "{resp:?}");
-            let mut body = resp.into_body();
-            let first = tokio::time::timeout(Duration::from_secs(30), body.data())
-                .await
-                .expect("a response to the other address");
-            assert!(first.expect("data").expect("data").len() > 5);
+            served_from(a.grpc, Ipv4Addr::new(127, 0, 0, 2), req).await;
             drop(held);
         });
         assert_eq!(
