@@ -97,25 +97,33 @@ impl tonic::server::UnaryService<Payload> for Unary {
     }
 }
 
-impl<B> Service<http::Request<B>> for UnaryService
-where
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let state = Arc::clone(&self.0);
-        Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
-            Ok(grpc.unary(Unary(state), req).await)
-        })
-    }
+/// The HTTP side of a gRPC service: `$service` (holding the state) answers with tonic's
+/// `Grpc::$kind` over `$handler` (the two services differ in nothing else).
+macro_rules! grpc_service {
+    ($service:ident, $handler:ident, $kind:ident) => {
+        impl<B> Service<http::Request<B>> for $service
+        where
+            B: Body + Send + 'static,
+            B::Error: Into<StdError> + Send + 'static,
+        {
+            type Response = http::Response<tonic::body::Body>;
+            type Error = std::convert::Infallible;
+            type Future = BoxFuture<Self::Response, Self::Error>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, req: http::Request<B>) -> Self::Future {
+                let state = Arc::clone(&self.0);
+                Box::pin(async move {
+                    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+                    Ok(grpc.$kind($handler(state), req).await)
+                })
+            }
+        }
+    };
 }
+
+grpc_service!(UnaryService, Unary, unary);
 
 /// `/BiRequestStream/requestBiStream`.
 #[derive(Clone)]
@@ -147,25 +155,7 @@ impl tonic::server::StreamingService<Payload> for Bidi {
     }
 }
 
-impl<B> Service<http::Request<B>> for StreamService
-where
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let state = Arc::clone(&self.0);
-        Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
-            Ok(grpc.streaming(Bidi(state), req).await)
-        })
-    }
-}
+grpc_service!(StreamService, Bidi, streaming);
 
 /// An HTTP port below `above` that answers 2.x's console API (404 to anything else), on its own
 /// thread.
