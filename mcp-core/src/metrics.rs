@@ -4,7 +4,9 @@
 //! the layers above register theirs (the MCP server's, the Kubernetes output's) into the same
 //! registry through [`Metrics::registrar`], so one `/metrics` page renders them all.
 
-use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 /// The data path's metrics (registry health, the served set, translation), and the registry
 /// every layer's metrics are rendered from.
@@ -64,6 +66,22 @@ impl Registrar<'_> {
         let g = Gauge::new(name, help)?;
         self.0.register(Box::new(g.clone()))?;
         Ok(g)
+    }
+
+    /// A histogram with labels and its bucket bounds.
+    pub fn histogram(
+        self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: &[f64],
+    ) -> Result<HistogramVec, prometheus::Error> {
+        let h = HistogramVec::new(
+            HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+            labels,
+        )?;
+        self.0.register(Box::new(h.clone()))?;
+        Ok(h)
     }
 
     /// An integer gauge with labels.

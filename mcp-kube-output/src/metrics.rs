@@ -16,12 +16,18 @@ pub struct OutputMetrics {
     pub kube_lag: Gauge,
     /// Kubernetes output: 1 while this replica holds the Lease (writes), else 0.
     pub kube_leader: IntGauge,
+    /// Kubernetes output: 1 when this adapter runs it (`--output kube|both`), else 0: what tells
+    /// "no replica leads" from "the output is off" (the leader series is 0 in both).
+    pub kube_enabled: IntGauge,
     /// Kubernetes output: this adapter's objects in the API server.
     pub kube_objects: IntGauge,
     /// Kubernetes output: served names held by someone else's object (left alone).
     pub kube_conflicts: IntGauge,
     /// Kubernetes output: objects the API server refused.
     pub kube_rejected: IntGauge,
+    /// Kubernetes output: namespaces it cannot list (refused or failing); their objects are left
+    /// alone until it can.
+    pub kube_unreadable: IntGauge,
     /// Kubernetes output: other adapters that claim this one's objects (same registry, source
     /// and shard), by where they were seen: `lease` (the holder of this adapter's Lease is
     /// configured differently) or `objects` (objects written under another live Lease).
@@ -50,6 +56,10 @@ impl OutputMetrics {
                 "mcp_adapter_kube_output_leader",
                 "Kubernetes output: 1 while this replica holds the Lease and writes.",
             )?,
+            kube_enabled: r.gauge(
+                "mcp_adapter_kube_output_enabled",
+                "Kubernetes output: 1 when this adapter runs it (--output kube or both), else 0.",
+            )?,
             kube_objects: r.gauge(
                 "mcp_adapter_kube_output_objects",
                 "Kubernetes output: this adapter's ServiceEntry objects in the API server.",
@@ -61,6 +71,10 @@ impl OutputMetrics {
             kube_rejected: r.gauge(
                 "mcp_adapter_kube_output_rejected",
                 "Kubernetes output: objects the API server refused.",
+            )?,
+            kube_unreadable: r.gauge(
+                "mcp_adapter_kube_output_unreadable_namespaces",
+                "Kubernetes output: namespaces it cannot list (their objects are left alone until it can; /registryz names them).",
             )?,
             kube_owner_conflicts: r.gauge_vec(
                 "mcp_adapter_kube_output_owner_conflicts",

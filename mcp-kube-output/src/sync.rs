@@ -101,6 +101,7 @@ impl ObjectWriter {
                     });
                     self.metrics.kube_pending.set(0);
                     self.metrics.kube_lag.set(0.0);
+                    self.metrics.kube_unreadable.set(0);
                     self.set_owner_conflicts(&[]);
                 }
                 // What is served now is re-read when this replica leads: wake for what comes
@@ -298,6 +299,9 @@ impl ObjectWriter {
         self.metrics.kube_objects.set(ledger.written.len() as i64);
         self.metrics.kube_conflicts.set(plan.conflicts.len() as i64);
         self.metrics.kube_rejected.set(ledger.rejected.len() as i64);
+        self.metrics
+            .kube_unreadable
+            .set(known.unreadable.len() as i64);
         self.update_status(|o| {
             o.leader = true;
             o.objects = ledger.written.len();

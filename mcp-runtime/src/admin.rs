@@ -1,7 +1,8 @@
 //! Admin HTTP: /healthz (alive), /readyz (has a state worth serving), /registryz (registry in
-//! sync), /metrics, /debug/resources.
+//! sync), /metrics, /debug/resources, /debug/syncz (what each sink was sent and acknowledged).
 
 mod debug;
+mod syncz;
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::status::SharedStatus;
 use mcp_core::cache::Snapshot;
 use mcp_core::metrics::Metrics;
+use mcp_server::sync_status::SyncBoard;
 
 /// What the handlers read.
 #[derive(Clone, Debug)]
@@ -32,6 +34,8 @@ pub struct AdminState {
     pub grpc_addrs: Vec<std::net::SocketAddr>,
     /// Metrics.
     pub metrics: Metrics,
+    /// Every sink stream's sync status.
+    pub sync: Arc<SyncBoard>,
 }
 
 /// Serves the admin endpoints until `shutdown`.
@@ -46,6 +50,7 @@ pub async fn serve(
         .route("/registryz", get(registryz))
         .route("/metrics", get(metrics))
         .route("/debug/resources", get(debug::resources))
+        .route("/debug/syncz", get(syncz::syncz))
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -207,6 +212,7 @@ mod tests {
             snapshots: vec![watch::channel(None).1],
             grpc_addrs: vec![std::net::SocketAddr::from(([127, 0, 0, 1], 15051))],
             metrics: Metrics::new("fake").expect("metrics"),
+            sync: crate::testing::sync_board(),
         }
     }
 

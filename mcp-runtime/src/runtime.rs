@@ -21,6 +21,7 @@ use mcp_core::translate::TranslateConfig;
 use mcp_kube_output::metrics::OutputMetrics;
 use mcp_kube_output::SharedOutputStatus;
 use mcp_server::metrics::ServerMetrics;
+use mcp_server::sync_status::SyncBoard;
 use mcp_server::tls::san::SanAllowList;
 use mcp_server::tls::{Tls, TlsSettings};
 use mcp_server::{self as server, StreamContext};
@@ -331,6 +332,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
     if args.output.output.kube() {
         let output_status = SharedOutputStatus::default();
         status.lock().output = Some(output_status.clone());
+        output_metrics.kube_enabled.set(1);
         let parts = mcp_kube_output::OutputParts {
             registry: R::NAME,
             source: source.clone(),
@@ -379,6 +381,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
     let tls_on = tls.is_some();
     // One set of limits for every shard's port: they bound the process's memory.
     let limits = Arc::new(args.server.limits());
+    let sync = SyncBoard::new(server_metrics.sink_subscriptions.clone());
     for (i, ((listener, _), rx)) in grpc.into_iter().zip(&snap_rxs).enumerate() {
         let ctx = StreamContext {
             snapshots: rx.clone(),
@@ -387,6 +390,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
             max_message_size: args.max_message_size,
             shard: (shards > 1).then(|| i.to_string()),
             limits: limits.clone(),
+            sync: sync.clone(),
         };
         let (health, tls) = (health_service.clone(), tls.clone());
         tasks.spawn(stop_all_on_exit(shutdown.clone(), async move {
@@ -400,6 +404,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         snapshots: snap_rxs,
         grpc_addrs: grpc_addrs.clone(),
         metrics,
+        sync,
     };
     let admin_shutdown = shutdown.clone();
     tasks.spawn(stop_all_on_exit(shutdown.clone(), async move {

@@ -19,3 +19,13 @@ pub fn test_args() -> CommonArgs {
     ])
     .common
 }
+
+/// An empty sync board counting into a gauge of its own (admin tests).
+pub fn sync_board() -> std::sync::Arc<mcp_server::sync_status::SyncBoard> {
+    let gauge = prometheus::IntGaugeVec::new(
+        prometheus::Opts::new("mcp_adapter_sink_subscriptions", "test"),
+        &["protocol", "state"],
+    )
+    .expect("gauge");
+    mcp_server::sync_status::SyncBoard::new(gauge)
+}

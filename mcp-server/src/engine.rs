@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::limits::StreamLimits;
+use super::sync_status::{TypeRecord, TypeSync};
 use mcp_core::cache::{diff, Entry, Known, Snapshot};
 
 mod bounds;
@@ -162,6 +163,8 @@ struct TypeState {
     /// Bytes of the names and versions declared held on the first request; they count until
     /// the first response replaces them with a shared set.
     declared_bytes: usize,
+    /// What was sent and acknowledged, for people (`/debug/syncz`); never decides anything.
+    record: TypeRecord,
 }
 
 /// The subscription state of one stream.
@@ -176,6 +179,8 @@ pub struct Engine {
     /// a stream keeps of one is its response in flight, never the (attacker-sized) URL.
     unserved: HashMap<u64, Unserved>,
     nonce: u64,
+    /// How long the last ACK of a served type took (taken by [`Engine::take_ack_latency`]).
+    ack_latency: Option<std::time::Duration>,
 }
 
 /// A type we do not serve, on one stream.
@@ -211,6 +216,7 @@ impl Engine {
             types: HashMap::new(),
             unserved: HashMap::new(),
             nonce: 0,
+            ack_latency: None,
         }
     }
 
@@ -219,6 +225,27 @@ impl Engine {
         let served = self.types.values().filter_map(|s| s.sent_at);
         let unserved = self.unserved.values().filter_map(|u| u.sent_at);
         served.chain(unserved).min()
+    }
+
+    /// How long the response the last request acknowledged had waited for it (served types),
+    /// once.
+    pub fn take_ack_latency(&mut self) -> Option<std::time::Duration> {
+        self.ack_latency.take()
+    }
+
+    /// Where each served type stands (what was sent, acknowledged, rejected), by type URL.
+    pub fn sync_status(&self) -> Vec<TypeSync> {
+        let mut all: Vec<TypeSync> = self
+            .types
+            .iter()
+            .map(|(k, s)| TypeSync {
+                type_url: k.clone(),
+                state: s.record.state(),
+                record: s.record.clone(),
+            })
+            .collect();
+        all.sort_by(|a, b| a.type_url.cmp(&b.type_url));
+        all
     }
 
     /// [`Engine::on_request`] for a type we do not serve: the first request (whatever its nonce),
@@ -316,16 +343,19 @@ impl Engine {
                     return (Ack::Stale, out);
                 }
                 state.in_flight = None;
-                state.sent_at = None;
+                let sent_at = state.sent_at.take();
                 let kind = match req.error {
                     Some(e) => {
                         state.nacked_version = state.sent_version.clone();
                         state.next_known = state.known.clone();
+                        state.record.nacked(&e);
                         Ack::Nack(e)
                     }
                     None => {
                         state.known = std::mem::replace(&mut state.next_known, Known::Nothing);
                         state.next_known = state.known.clone();
+                        state.record.acked();
+                        self.ack_latency = sent_at.map(|t| t.elapsed());
                         Ack::Ack
                     }
                 };
@@ -363,6 +393,7 @@ impl Engine {
                     dirty: true,
                     answered: false,
                     declared_bytes,
+                    record: TypeRecord::default(),
                 };
                 apply_names(&mut state, &req.names, true);
                 self.types.insert(req.type_key.clone(), state);
@@ -411,6 +442,7 @@ impl Engine {
             let (up, rm) = diff(&state.known, &view);
             if up.is_empty() && rm.is_empty() && state.answered {
                 state.sent_version = Some(snapshot.version.clone());
+                state.record.unchanged(&snapshot.version);
                 state.dirty = false;
                 return None;
             }
@@ -430,6 +462,7 @@ impl Engine {
             Known::Nothing
         };
         state.sent_version = Some(snapshot.version.clone());
+        state.record.sent(&snapshot.version);
         state.dirty = false;
         state.answered = true;
         Some(Outgoing {

@@ -27,6 +27,7 @@ pub mod metrics;
 mod protocol;
 mod request_body;
 mod response_body;
+pub mod sync_status;
 pub mod tls;
 
 use std::sync::Arc;
@@ -76,6 +77,8 @@ pub struct StreamContext {
     pub shard: Option<String>,
     /// Limits and their counters, shared by every shard's port.
     pub limits: Arc<ServerLimits>,
+    /// Every stream's sync status (`/debug/syncz`), shared by every shard's port.
+    pub sync: Arc<sync_status::SyncBoard>,
 }
 
 /// Errors starting the gRPC server.
@@ -104,6 +107,17 @@ pub async fn serve(
         .build_v1()?;
     let allow = tls.as_ref().map(|t| t.client_sans().clone());
     let limits = ctx.limits.clone();
+    // Every protocol's sink count exists from the start: "no sink has connected" is a 0 that an
+    // alert can see, not a missing series (an adapter with `--output kube` serves none at all).
+    for protocol in [
+        protocol::Xds::PROTOCOL,
+        protocol::Delta::PROTOCOL,
+        protocol::Legacy::PROTOCOL,
+        protocol::MeshSotw::PROTOCOL,
+        protocol::MeshIncremental::PROTOCOL,
+    ] {
+        ctx.metrics.sinks.with_label_values(&[protocol]);
+    }
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
@@ -212,6 +226,7 @@ async fn drive<P: Protocol>(
     let mut engine = Engine::with_limits(P::INCREMENTAL, P::served, limits.stream);
     let mut names = NamesCharge::new(limits.names.clone());
     let mut node: Option<String> = None;
+    let board = ctx.sync.join(P::PROTOCOL, &peer, ctx.shard.as_deref());
     // After GOAWAY (`--max-connection-age`) and the grace, the stream ends so that the sink
     // reconnects on a new connection.
     let age_end = until(
@@ -247,6 +262,7 @@ async fn drive<P: Protocol>(
                     if node.is_none() {
                         if let Some(id) = P::node(&msg) {
                             tracing::info!(protocol = P::PROTOCOL, %peer, node = %id, "Sink identified.");
+                            board.identify(&id);
                             node = Some(id);
                         }
                     }
@@ -267,6 +283,9 @@ async fn drive<P: Protocol>(
                         limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
                         farewell(&tx, refused.status(), &ctx.shutdown).await;
                         return;
+                    }
+                    if let Some(took) = engine.take_ack_latency() {
+                        metrics.ack_latency.with_label_values(&[P::PROTOCOL]).observe(took.as_secs_f64());
                     }
                     match &ack {
                         Ack::Ack => metrics.acks.with_label_values(&[P::PROTOCOL, type_class(served)]).inc(),
@@ -368,6 +387,7 @@ async fn drive<P: Protocol>(
         }
         // Lagging or not, and when it would start to.
         unacked.update(engine.oldest_unacked());
+        board.update(engine.sync_status());
     }
     tracing::info!(protocol = P::PROTOCOL, %peer, "Sink disconnected.");
 }

@@ -1,7 +1,13 @@
 //! The MCP server's metrics (`mcp_adapter_*`), registered beside the data path's.
 
 use mcp_core::metrics::Metrics;
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec};
+use prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec};
+
+/// ACK latency buckets: a sink on the same host ACKs in about a millisecond, istiod under load in
+/// tens to hundreds, and one that takes a minute is stuck (`mcp_adapter_unacked_responses`).
+const ACK_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 /// What the server counts: responses, ACKs and NACKs, open streams, refusals, TLS.
 #[derive(Clone, Debug)]
@@ -40,6 +46,10 @@ pub struct ServerMetrics {
     /// Open connections: `served` (within the limits) and `over_limit` (held to answer their
     /// streams' refusals).
     pub connections: IntGaugeVec,
+    /// Seconds from a response sent to its ACK, by protocol (served types).
+    pub ack_latency: HistogramVec,
+    /// (sink stream, served type) pairs by protocol and sync state (`sync_status.rs`).
+    pub sink_subscriptions: IntGaugeVec,
 }
 
 impl ServerMetrics {
@@ -124,6 +134,17 @@ impl ServerMetrics {
                 "mcp_adapter_connections",
                 "Open gRPC connections: served (within the limits), over_limit (held a moment to answer their streams with the limit, then closed).",
                 &["state"],
+            )?,
+            ack_latency: r.histogram(
+                "mcp_adapter_ack_latency_seconds",
+                "Seconds from a response sent to a sink to its ACK (ServiceEntry types).",
+                &["protocol"],
+                ACK_BUCKETS,
+            )?,
+            sink_subscriptions: r.gauge_vec(
+                "mcp_adapter_sink_subscriptions",
+                "Sink streams' served types by sync state: synced (the newest response sent was acknowledged), pending (a response in flight), nacked (the last response was rejected, none acknowledged since), not_sent (nothing sent yet).",
+                &["protocol", "state"],
             )?,
         })
     }

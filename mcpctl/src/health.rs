@@ -1,4 +1,4 @@
-//! `mcpctl health`: is an adapter ready? Asked the way Kubernetes asks it, `GET /readyz` on the
+//! `mcpctl health`: is an adapter ready? (And the plain HTTP GET `mcpctl status` shares.) Asked the way Kubernetes asks it, `GET /readyz` on the
 //! adapter's admin port, for a container `HEALTHCHECK` (the images are distroless: no curl).
 //!
 //! Why the admin port's `/readyz` rather than `grpc.health.v1` on the MCP port:
@@ -97,24 +97,35 @@ pub fn dial_address(admin: &str) -> Result<String, HealthError> {
 
 /// `GET /readyz` on `admin` (see [`dial_address`]) within `timeout`.
 pub async fn readyz(admin: &str, timeout: Duration) -> Result<Readiness, HealthError> {
+    get(admin, "/readyz", MAX_ANSWER, timeout).await
+}
+
+/// `GET path` on `admin` (see [`dial_address`]) within `timeout`, reading at most `max` bytes
+/// of the answer.
+pub async fn get(
+    admin: &str,
+    path: &str,
+    max: u64,
+    timeout: Duration,
+) -> Result<Readiness, HealthError> {
     let addr = dial_address(admin)?;
-    match tokio::time::timeout(timeout, ask(&addr)).await {
+    match tokio::time::timeout(timeout, ask(&addr, path, max)).await {
         Ok(result) => result,
         Err(_) => Err(HealthError::Timeout { addr, timeout }),
     }
 }
 
-async fn ask(addr: &str) -> Result<Readiness, HealthError> {
+async fn ask(addr: &str, path: &str, max: u64) -> Result<Readiness, HealthError> {
     let io = |source| HealthError::Io {
         addr: addr.to_string(),
         source,
     };
     let mut stream = TcpStream::connect(addr).await.map_err(io)?;
-    let request = format!("GET /readyz HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: mcpctl\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: mcpctl\r\n\r\n");
     stream.write_all(request.as_bytes()).await.map_err(io)?;
     let mut answer = Vec::new();
     stream
-        .take(MAX_ANSWER)
+        .take(max)
         .read_to_end(&mut answer)
         .await
         .map_err(io)?;

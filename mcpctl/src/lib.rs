@@ -10,6 +10,8 @@
 //! * [`render`] prints that state as Istio JSON/YAML or as a table.
 //! * [`health`] asks an adapter's admin port whether it is ready (`mcpctl health`, the images'
 //!   HEALTHCHECK).
+//! * [`status`] reads what every sink of several adapters was sent and acknowledged
+//!   (`mcpctl status`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), mcpctl::sink::SinkError> {
@@ -24,3 +26,4 @@
 pub mod health;
 pub mod render;
 pub mod sink;
+pub mod status;

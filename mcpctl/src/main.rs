@@ -1,5 +1,6 @@
 //! `mcpctl get serviceentries --server xds://HOST:PORT [-o table|yaml|json] [--watch]`;
-//! `mcpctl health [--admin HOST:PORT]`.
+//! `mcpctl health [--admin HOST:PORT]`;
+//! `mcpctl status ADMIN_ADDRESS... [-o table|json]`.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -31,6 +32,29 @@ enum Command {
     /// Exit 0 if an adapter is ready (GET /readyz on its admin port answers 200), 1 if not: a
     /// container HEALTHCHECK that needs no curl and works whether or not the MCP port has TLS.
     Health(HealthArgs),
+    /// Per sink of each adapter (node id, address, protocol, type): the version sent, the one
+    /// acknowledged and since when, and why a response was rejected; like `istioctl
+    /// proxy-status` for config sources. Exit 1 if an adapter could not be read.
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// Admin addresses of the adapters, HOST:PORT (their --admin-listen).
+    #[arg(required = true, value_name = "ADMIN_ADDRESS")]
+    addresses: Vec<String>,
+    /// Output format: a table, or every adapter's /debug/syncz as JSON, by address.
+    #[arg(short = 'o', long, value_enum, default_value_t = StatusOutput::Table)]
+    output: StatusOutput,
+    /// How long to wait for each adapter, e.g. 3s, 500ms.
+    #[arg(long, default_value = "5s", value_parser = parse::duration)]
+    timeout: Duration,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum StatusOutput {
+    Table,
+    Json,
 }
 
 #[derive(Args, Debug)]
@@ -201,12 +225,46 @@ async fn health(args: HealthArgs) -> anyhow::Result<()> {
     emit(&format!("{}\n", r.body))
 }
 
+/// Prints every adapter's sync status; fails if one could not be read (after printing the rest).
+async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let asked = args
+        .addresses
+        .iter()
+        .map(|a| async move { (a.clone(), mcpctl::status::fetch(a, args.timeout).await) });
+    let answers = futures::future::join_all(asked).await;
+    let unreadable = answers.iter().filter(|(_, a)| a.is_err()).count();
+    match args.output {
+        StatusOutput::Table => emit(&mcpctl::status::table(&answers))?,
+        StatusOutput::Json => {
+            let all: BTreeMap<&str, serde_json::Value> = answers
+                .iter()
+                .map(|(addr, a)| {
+                    let v = match a {
+                        Ok(z) => serde_json::to_value(z).unwrap_or_default(),
+                        Err(e) => serde_json::json!({ "error": e.to_string() }),
+                    };
+                    (addr.as_str(), v)
+                })
+                .collect();
+            emit(&format!("{}\n", serde_json::to_string_pretty(&all)?))?;
+        }
+    }
+    if unreadable > 0 {
+        bail!(
+            "{unreadable} of {} adapters could not be read",
+            answers.len()
+        );
+    }
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Get(args) => get(args).await,
         Command::Health(args) => health(args).await,
+        Command::Status(args) => status(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

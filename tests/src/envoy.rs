@@ -235,14 +235,7 @@ impl Envoy {
             .flatten()
             .filter(|c| c["name"] == cluster)
             .flat_map(|c| c["host_statuses"].as_array().cloned().unwrap_or_default())
-            .map(|h| {
-                let a = &h["address"]["socket_address"];
-                format!(
-                    "{}:{}",
-                    a["address"].as_str().unwrap_or(""),
-                    a["port_value"].as_u64().unwrap_or(0)
-                )
-            })
+            .map(|h| host_address(&h))
             .collect();
         out.sort();
         out
@@ -313,4 +306,14 @@ pub struct XdsRejects {
     pub rds: u64,
     /// Sum of `cluster.outbound|*.update_rejected` (EDS).
     pub eds: u64,
+}
+
+/// `ip:port` of one of `/clusters?format=json`'s `host_statuses`.
+pub fn host_address(h: &Value) -> String {
+    let a = &h["address"]["socket_address"];
+    format!(
+        "{}:{}",
+        a["address"].as_str().unwrap_or(""),
+        a["port_value"].as_u64().unwrap_or(0)
+    )
 }

@@ -1,6 +1,7 @@
 //! xDS sinks that ACK on their own schedule: SotW or delta streams subscribed to ServiceEntries,
 //! each on a connection of its own (as separate istiods would be), that read every response at
-//! once and ACK it after a delay: none for a well-behaved sink, seconds for a slow one. They run
+//! once and ACK it after a delay: none for a well-behaved sink, seconds for a slow one; or NACK
+//! every response, as an istiod that rejects what it is sent does. They run
 //! on a runtime of their own thread and record what they received, so a test can ask whether a
 //! sink saw a version and wait for it.
 
@@ -9,8 +10,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::background::Background;
@@ -34,6 +37,37 @@ pub struct SinkSpec {
     pub flavour: Flavour,
     /// Time between reading a response and ACKing it.
     pub ack_delay: Duration,
+    /// NACK every response with this detail instead of ACKing it.
+    pub nack: Option<&'static str>,
+    /// The node id its first request gives.
+    pub node: Option<&'static str>,
+}
+
+impl SinkSpec {
+    /// A sink that ACKs every response at once and gives no node id.
+    pub fn acking(flavour: Flavour) -> SinkSpec {
+        SinkSpec {
+            flavour,
+            ack_delay: Duration::ZERO,
+            nack: None,
+            node: None,
+        }
+    }
+}
+
+fn node(spec: &SinkSpec) -> Option<Node> {
+    spec.node.map(|id| Node {
+        id: id.to_string(),
+        ..Default::default()
+    })
+}
+
+fn nack(spec: &SinkSpec) -> Option<RpcStatus> {
+    spec.nack.map(|detail| RpcStatus {
+        code: 3,
+        message: detail.to_string(),
+        ..Default::default()
+    })
 }
 
 /// What one sink has seen.
@@ -188,6 +222,7 @@ async fn run(addr: SocketAddr, spec: SinkSpec, i: usize, out: &Shared) -> Result
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             tx.send(DiscoveryRequest {
                 type_url: SERVICE_ENTRY.into(),
+                node: node(&spec),
                 ..Default::default()
             })
             .map_err(|e| e.to_string())?;
@@ -205,6 +240,7 @@ async fn run(addr: SocketAddr, spec: SinkSpec, i: usize, out: &Shared) -> Result
                     type_url: r.type_url,
                     version_info: r.version_info,
                     response_nonce: r.nonce,
+                    error_detail: nack(&spec),
                     ..Default::default()
                 })
                 .map_err(|e| e.to_string())?;
@@ -214,6 +250,7 @@ async fn run(addr: SocketAddr, spec: SinkSpec, i: usize, out: &Shared) -> Result
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             tx.send(DeltaDiscoveryRequest {
                 type_url: SERVICE_ENTRY.into(),
+                node: node(&spec),
                 ..Default::default()
             })
             .map_err(|e| e.to_string())?;
@@ -234,6 +271,7 @@ async fn run(addr: SocketAddr, spec: SinkSpec, i: usize, out: &Shared) -> Result
                 tx.send(DeltaDiscoveryRequest {
                     type_url: r.type_url,
                     response_nonce: r.nonce,
+                    error_detail: nack(&spec),
                     ..Default::default()
                 })
                 .map_err(|e| e.to_string())?;

@@ -23,15 +23,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 
+use e2e::helm::{chart, ci, documents, Helm, RELEASE};
 use e2e::kube::{collection_of, strings, KubeApiServer, ADMIN_TOKEN};
-use e2e::peer_file;
 
 const NS: &str = "mcp-adapters";
-const RELEASE: &str = "mcp-adapters";
 /// In the chart's order (`mcp-adapters.names`: NOTES.txt and istiod-meshconfig.yaml list them so).
 const ADAPTERS: [&str; 6] = ["file", "consul", "zookeeper", "eureka", "nacos", "kube"];
 /// Labels the chart adds to every object's metadata that deploy/kubernetes does not have.
@@ -42,80 +40,8 @@ const HELM_LABELS: [&str; 4] = [
     "helm.sh/chart",
 ];
 
-fn chart() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/mcp-adapters")
-}
-
 fn manifests_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes")
-}
-
-fn ci(file: &str) -> String {
-    chart().join("ci").join(file).display().to_string()
-}
-
-/// The real helm, with its cache, config and data directories in a temporary directory of its
-/// own (nothing written to `~/.cache/helm`).
-struct Helm {
-    bin: PathBuf,
-    home: tempfile::TempDir,
-}
-
-impl Helm {
-    fn new() -> Helm {
-        Helm {
-            bin: peer_file("HELM_BIN", "helm/helm", "tests/helm/build.sh target/helm"),
-            home: tempfile::tempdir().expect("tempdir"),
-        }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        let h = self.home.path();
-        Command::new(&self.bin)
-            .args(args)
-            .env("HELM_CACHE_HOME", h.join("cache"))
-            .env("HELM_CONFIG_HOME", h.join("config"))
-            .env("HELM_DATA_HOME", h.join("data"))
-            .env_remove("KUBECONFIG")
-            .env_remove("HELM_NAMESPACE")
-            .output()
-            .expect("run helm")
-    }
-
-    /// stdout of a command that must succeed.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "helm {}: {}\n{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        );
-        String::from_utf8(out.stdout).expect("helm prints UTF-8")
-    }
-
-    /// `helm template` of the chart into namespace `ns` with the values files and `--set`s given.
-    fn template(&self, ns: &str, values: &[&str], sets: &[&str]) -> Vec<Value> {
-        let chart = chart().display().to_string();
-        let mut args = vec!["template", RELEASE, chart.as_str(), "--namespace", ns];
-        for v in values {
-            args.extend(["--values", v]);
-        }
-        for s in sets {
-            args.extend(["--set", s]);
-        }
-        documents(&self.ok(&args), "helm template")
-    }
-}
-
-/// The documents of a YAML stream (empty ones left out).
-fn documents(text: &str, what: &str) -> Vec<Value> {
-    use serde::Deserialize;
-    yaml_serde::Deserializer::from_str(text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{what}: {e}\n{text}")))
-        .filter(|v| !v.is_null())
-        .collect()
 }
 
 fn file_documents(path: &Path) -> Vec<Value> {

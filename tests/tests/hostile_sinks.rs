@@ -270,14 +270,8 @@ fn a_flood_of_streams_and_type_urls_is_refused_and_memory_stays_bounded() {
     let good = XdsSinks::start(
         a.grpc,
         &[
-            SinkSpec {
-                flavour: Flavour::Sotw,
-                ack_delay: Duration::ZERO,
-            },
-            SinkSpec {
-                flavour: Flavour::Delta,
-                ack_delay: Duration::ZERO,
-            },
+            SinkSpec::acking(Flavour::Sotw),
+            SinkSpec::acking(Flavour::Delta),
         ],
     );
     good.wait_version(&[0, 1], &served_version(&a), Duration::from_secs(20));
@@ -431,18 +425,16 @@ fn slow_sinks_under_churn_pin_no_old_snapshots() {
     let served = Adapter::start_with_env("adapter-file", &args, &env);
     floor.wait_ready();
     served.wait_ready();
-    let mut specs = vec![SinkSpec {
-        flavour: Flavour::Sotw,
-        ack_delay: Duration::ZERO,
-    }];
+    let mut specs = vec![SinkSpec::acking(Flavour::Sotw)];
     for i in 0..20 {
+        let flavour = if i % 2 == 0 {
+            Flavour::Sotw
+        } else {
+            Flavour::Delta
+        };
         specs.push(SinkSpec {
-            flavour: if i % 2 == 0 {
-                Flavour::Sotw
-            } else {
-                Flavour::Delta
-            },
             ack_delay: Duration::from_millis(2000 + 100 * i as u64),
+            ..SinkSpec::acking(flavour)
         });
     }
     let sinks = XdsSinks::start(served.grpc, &specs);

@@ -708,6 +708,11 @@ fn a_namespace_the_output_may_not_read_holds_back_only_its_own_objects() {
     let (status, body) = a.get("/registryz");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("cannot list namespace closed"), "{body}");
+    assert_eq!(
+        a.metric("mcp_adapter_kube_output_unreadable_namespaces"),
+        1.0,
+        "one namespace it cannot list"
+    );
     assert!(kube
         .get("/apis/networking.istio.io/v1/namespaces/closed/serviceentries/shut")
         .is_none());

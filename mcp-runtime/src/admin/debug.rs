@@ -320,6 +320,7 @@ mod tests {
                 .collect(),
             grpc_addrs: addrs,
             metrics: Metrics::new("fake").expect("metrics"),
+            sync: crate::testing::sync_board(),
         }
     }
 
