@@ -83,6 +83,13 @@ pub fn convert_service(id: &ServiceId, name: &str, info: &ServiceInfo) -> Conver
     let mut out = Converted::default();
     let mut svc = Service::new(ServiceKey::new(name), scope(id));
     svc.hosts = vec![Host::Relative(name.to_string())];
+    // `--host-template`'s parts: the registry's own, not the name above (which is all three
+    // joined, and told apart from names that map alike).
+    svc.name_parts = vec![
+        ("service", id.name.clone()),
+        ("group", id.group.clone()),
+        ("namespace", id.namespace.clone()),
+    ];
 
     let mut live: Vec<(IpAddr, &Instance)> = Vec::new();
     for host in &info.hosts {

@@ -105,6 +105,7 @@ impl Registry for NacosRegistry {
     const DEFAULT_HOST_SUFFIX: &'static str = "nacos";
     const DEFAULT_NAMESPACE: &'static str = "nacos";
     const DEFAULT_VIP_CIDR: VipCidr = VipCidr::range(242, 6, 0, 0, 16);
+    const NAME_PARTS: &'static [&'static str] = &["service", "group", "namespace"];
 
     fn watch(&self) -> BoxStream<'static, Result<RegistryEvent, RegistryError>> {
         let inner = Arc::clone(&self.inner);

@@ -156,6 +156,10 @@ pub struct Service {
     pub annotations: Labels,
     /// The registry's own creation time, if it has one.
     pub create_time: Option<SystemTime>,
+    /// The registry's own parts of this service's name beyond the service itself (Nacos'
+    /// `group` and `namespace`, ...), for `--host-template`; `service` is the relative host
+    /// unless given here. Raw registry text: the template maps it.
+    pub name_parts: Vec<(&'static str, String)>,
     /// Where the registry's own records place this service's creation among the others of the
     /// source (Consul `CreateIndex`, ZooKeeper `czxid`, ...), if they do. Only compared, never
     /// shown: it decides which of two services wanting one virtual IP keeps it (`vip`), so that
@@ -211,6 +215,7 @@ impl Service {
             labels: Labels::new(),
             annotations: Labels::new(),
             create_time: None,
+            name_parts: Vec::new(),
             creation_order: None,
         }
     }
@@ -234,6 +239,7 @@ impl Service {
         self.labels.hash(&mut h);
         self.annotations.hash(&mut h);
         self.create_time.hash(&mut h);
+        self.name_parts.hash(&mut h);
         self.creation_order.hash(&mut h);
         h.finish()
     }

@@ -99,6 +99,9 @@ pub trait Registry: Send + Sync + 'static {
     /// Default `--vip-cidr`: each adapter its own range, so that two adapters feeding one istiod
     /// never hand out the same address (two adapters of one kind need `--vip-cidr` set apart).
     const DEFAULT_VIP_CIDR: VipCidr = VipCidr::range(242, 0, 0, 0, 16);
+    /// The parts of a service's name `--host-template` may use: `service` always, and what the
+    /// adapter puts in [`crate::model::Service::name_parts`] (Nacos' `group`, ...).
+    const NAME_PARTS: &'static [&'static str] = &["service"];
 
     /// Watch the registry. The stream must start with a `Reset`; after an error item the core
     /// backs off and calls `watch` again.

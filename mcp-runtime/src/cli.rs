@@ -50,6 +50,30 @@ pub struct CommonArgs {
     #[arg(long, env = "MCP_HOST_SUFFIX")]
     pub host_suffix: Option<String>,
 
+    /// Each host from the registry's own parts instead of name + --host-suffix, e.g.
+    /// `{service}.shop.svc.cluster.local`: one host for one service served by two adapters
+    /// during a move between registries. Parts: `{service}`, plus the registry's own (Nacos:
+    /// `{group}`, `{namespace}`; Kubernetes: `{namespace}`); values are mapped to DNS labels.
+    #[arg(long, env = "MCP_HOST_TEMPLATE")]
+    pub host_template: Option<String>,
+
+    /// Each ServiceEntry's name from `{name}` (the name it would get), `{registry}` and
+    /// `{source}`, e.g. `{name}-{registry}`: two adapters writing one namespace need distinct
+    /// names (istiod keeps the first source's entry of a name, wholly).
+    #[arg(long, env = "MCP_NAME_TEMPLATE")]
+    pub name_template: Option<String>,
+
+    /// Name service port NUMBER NAME, and give it PROTOCOL if given (NUMBER=NAME[/PROTOCOL],
+    /// repeatable or comma-separated), e.g. `8080=http/HTTP`: istiod merges two sources'
+    /// endpoints of one host only under one port name.
+    #[arg(long = "port-name", env = "MCP_PORT_NAMES", value_delimiter = ',')]
+    pub port_names: Vec<String>,
+
+    /// Label every endpoint with `mcp-adapter/registry` and `mcp-adapter/source` (as the
+    /// ServiceEntry is), so that a DestinationRule can make subsets per registry.
+    #[arg(long, env = "MCP_ENDPOINT_SOURCE_LABELS")]
+    pub endpoint_source_labels: bool,
+
     /// Namespaces the ServiceEntries are exported to (comma-separated; empty = Istio's default).
     #[arg(long, env = "MCP_EXPORT_TO", value_delimiter = ',')]
     pub export_to: Vec<String>,

@@ -64,6 +64,9 @@ pub enum RunError {
         /// A port just below the shard ports.
         below: u16,
     },
+    /// `--host-template`, `--name-template` or `--port-name` cannot work.
+    #[error(transparent)]
+    Naming(#[from] mcp_core::translate::template::TemplateError),
     /// Metrics could not be set up.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -252,6 +255,7 @@ pub async fn start<R: Registry>(registry: R, args: CommonArgs) -> Result<Running
         on_empty: args.on_empty,
         vip_cidr: args.vip_range(R::DEFAULT_VIP_CIDR)?,
         max_labels: args.max_labels,
+        naming: naming::<R>(&args)?,
     };
     if let (None, Some(shard)) = (args.vip_cidr, args.shard) {
         tracing::info!(%shard, vip_cidr = %cfg.vip_cidr, "--shard: virtual IPs come from this shard's part of the default --vip-cidr.");
@@ -442,9 +446,83 @@ async fn stop_all_on_exit(
     fut.await
 }
 
+/// The naming flags, checked against what registry `R` has (a template that cannot work is
+/// refused here, at start, naming the flag).
+fn naming<R: Registry>(
+    args: &CommonArgs,
+) -> Result<mcp_core::translate::template::Naming, RunError> {
+    use mcp_core::translate::template::{port_names, Naming, Template};
+    let mut known = vec!["service"];
+    known.extend(R::NAME_PARTS.iter().filter(|p| **p != "service"));
+    Ok(Naming {
+        host: args
+            .host_template
+            .as_deref()
+            .map(|t| Template::host(t, &known))
+            .transpose()?,
+        name: args
+            .name_template
+            .as_deref()
+            .map(Template::name)
+            .transpose()?,
+        port_names: port_names(&args.port_names)?,
+        endpoint_source_labels: args.endpoint_source_labels,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A registry with Nacos' parts, for the naming flags.
+    struct Parts;
+
+    impl Registry for Parts {
+        const NAME: &'static str = "parts";
+        const DEFAULT_HOST_SUFFIX: &'static str = "";
+        const DEFAULT_NAMESPACE: &'static str = "parts";
+        const NAME_PARTS: &'static [&'static str] = &["service", "group"];
+
+        fn watch(
+            &self,
+        ) -> futures::stream::BoxStream<
+            'static,
+            Result<mcp_core::registry::RegistryEvent, mcp_core::registry::RegistryError>,
+        > {
+            Box::pin(futures::stream::pending())
+        }
+    }
+
+    #[test]
+    fn naming_flags_that_cannot_work_are_refused_at_start_naming_the_flag() {
+        let mut args = crate::testing::test_args();
+        args.host_template = Some("{service}.{group}.mesh".into());
+        args.name_template = Some("{name}-{source}".into());
+        args.port_names = vec!["8080=http".into()];
+        args.endpoint_source_labels = true;
+        let n = naming::<Parts>(&args).expect("valid for a registry with groups");
+        assert!(n.host.is_some() && n.name.is_some() && n.endpoint_source_labels);
+        assert_eq!(
+            n.port_names.get(&8080).map(|p| p.name.as_str()),
+            Some("http")
+        );
+        let refused = |args: &CommonArgs| match naming::<mcp_core::testing::FakeRegistry>(args) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted: {args:?}"),
+        };
+        // The fake registry has no groups.
+        assert!(
+            refused(&args).contains("unknown part {group}; this registry has {service}"),
+            "{}",
+            refused(&args)
+        );
+        args.host_template = None;
+        args.name_template = Some("{registry}".into());
+        assert!(refused(&args).contains("--name-template \"{registry}\": needs {name}"));
+        args.name_template = None;
+        args.port_names = vec!["http".into()];
+        assert!(refused(&args).contains("--port-name \"http\": expected NUMBER=NAME"));
+    }
 
     #[test]
     fn every_metric_renders_with_the_registry_label() {

@@ -199,6 +199,40 @@ impl Envoy {
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("config_dump is not JSON: {e}"))
     }
 
+    /// Envoy's EDS endpoints of `cluster`: each `ip:port` with its whole `lb_endpoints` entry
+    /// (weight, metadata, health), from `/config_dump?include_eds`.
+    pub fn eds_endpoints(&self, cluster: &str) -> Vec<(String, Value)> {
+        let dump = self.config_dump();
+        let mut out = Vec::new();
+        let dumps = dump["configs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| {
+                c["@type"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("EndpointsConfigDump"))
+            });
+        for c in dumps {
+            for e in c["dynamic_endpoint_configs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let cfg = &e["endpoint_config"];
+                if cfg["cluster_name"] != cluster {
+                    continue;
+                }
+                for locality in cfg["endpoints"].as_array().into_iter().flatten() {
+                    for lb in locality["lb_endpoints"].as_array().into_iter().flatten() {
+                        out.push((host_address(&lb["endpoint"]), lb.clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Names of the active listeners (`127.0.0.1_18080`, `242.3.0.7_20880`, `virtualOutbound`).
     pub fn listeners(&self) -> Vec<String> {
         let dump = self.config_dump();
@@ -222,6 +256,32 @@ impl Envoy {
             .collect();
         names.sort();
         names
+    }
+
+    /// Envoy's outbound clusters for `host` (`outbound|80||host`, `outbound|80|subset|host`,
+    /// ...), each with its endpoints (`ip:port`, sorted), from `/clusters`.
+    pub fn clusters_of(&self, host: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+        let v: Value =
+            serde_json::from_str(&self.get("/clusters?format=json")).expect("clusters JSON");
+        let suffix = format!("|{host}");
+        let mut out = std::collections::BTreeMap::new();
+        for c in v["cluster_statuses"].as_array().into_iter().flatten() {
+            let Some(name) = c["name"].as_str() else {
+                continue;
+            };
+            if !name.starts_with("outbound|") || !name.ends_with(&suffix) {
+                continue;
+            }
+            let mut eps: Vec<String> = c["host_statuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(host_address)
+                .collect();
+            eps.sort();
+            out.insert(name.to_string(), eps);
+        }
+        out
     }
 
     /// The endpoints (`ip:port`) Envoy holds for `cluster` (`outbound|18080||web.shop.internal`),

@@ -1118,6 +1118,7 @@ fn state_volumes_hold_two_state_files_of_100k_services() {
             source: "consul".into(),
             on_empty: mcp_core::OnEmpty::Keep,
             max_labels: mcp_core::translate::DEFAULT_MAX_LABELS,
+            naming: Default::default(),
             vip_cidr: mcp_core::vip::VipCidr::Off,
         },
         Metrics::new("consul").expect("metrics"),

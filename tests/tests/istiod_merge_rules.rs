@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use e2e::envoy::{host_address, Envoy, Interception};
+use e2e::envoy::{Envoy, Interception};
 use e2e::istiod::{configz_entries, Istiod, IstiodConfig};
 use e2e::kube::{ready, service, slice, KubeApiServer};
 use e2e::mesh::{apply, mesh_api_server, Mesh, CONFIG_TIMEOUT};
@@ -231,33 +231,7 @@ fn settle<T>(what: &str, mut probe: impl FnMut() -> Result<T, String>) -> T {
     }
 }
 
-/// Envoy's clusters for `host` (`outbound|80||host`, `outbound|80|consul|host`, ...), each with
-/// its endpoints (`ip:port`, sorted), from `/clusters`.
-fn envoy_view(envoy: &Envoy, host: &str) -> BTreeMap<String, Vec<String>> {
-    let v: Value =
-        serde_json::from_str(&envoy.get("/clusters?format=json")).expect("clusters JSON");
-    let suffix = format!("|{host}");
-    let mut out = BTreeMap::new();
-    for c in v["cluster_statuses"].as_array().into_iter().flatten() {
-        let Some(name) = c["name"].as_str() else {
-            continue;
-        };
-        if !name.starts_with("outbound|") || !name.ends_with(&suffix) {
-            continue;
-        }
-        let mut eps: Vec<String> = c["host_statuses"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(host_address)
-            .collect();
-        eps.sort();
-        out.insert(name.to_string(), eps);
-    }
-    out
-}
-
-/// `want` as [`envoy_view`] and [`shards`] read it.
+/// `want` as [`Envoy::clusters_of`] and [`shards`] read it.
 fn view(want: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
     want.iter()
         .map(|(k, v)| {
@@ -357,46 +331,13 @@ fn spec_addresses(e: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Per endpoint (`ip:port`) of Envoy's EDS cluster `cluster`: its metadata, from
-/// `/config_dump?include_eds`.
+/// Per endpoint (`ip:port`) of Envoy's EDS cluster `cluster`: its metadata.
 fn eds_metadata(envoy: &Envoy, cluster: &str) -> BTreeMap<String, Value> {
-    let dump = envoy.config_dump();
-    let mut out = BTreeMap::new();
-    let dumps = dump["configs"]
-        .as_array()
+    envoy
+        .eds_endpoints(cluster)
         .into_iter()
-        .flatten()
-        .filter(|c| {
-            c["@type"]
-                .as_str()
-                .is_some_and(|t| t.ends_with("EndpointsConfigDump"))
-        });
-    for c in dumps {
-        for e in c["dynamic_endpoint_configs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let cfg = &e["endpoint_config"];
-            if cfg["cluster_name"] != cluster {
-                continue;
-            }
-            for locality in cfg["endpoints"].as_array().into_iter().flatten() {
-                for lb in locality["lb_endpoints"].as_array().into_iter().flatten() {
-                    let a = &lb["endpoint"]["address"]["socket_address"];
-                    out.insert(
-                        format!(
-                            "{}:{}",
-                            a["address"].as_str().unwrap_or(""),
-                            a["port_value"]
-                        ),
-                        lb["metadata"].clone(),
-                    );
-                }
-            }
-        }
-    }
-    out
+        .map(|(a, lb)| (a, lb["metadata"].clone()))
+        .collect()
 }
 
 /// The world every case runs in.
@@ -604,7 +545,7 @@ impl World {
     fn expect(&self, host: &str, want: &[(&str, &[&str])], scope: &str) {
         let want = view(want);
         settle(&format!("{host}: Envoy {want:?}, scope {scope:?}"), || {
-            let got = envoy_view(self.envoy(), host);
+            let got = self.envoy().clusters_of(host);
             let s = scope_service(&self.istiod, host);
             if got == want && s.as_deref() == Some(scope) {
                 return Ok(());
@@ -652,7 +593,7 @@ impl World {
             &format!("filler on port {port} in the scope and Envoy"),
             || {
                 let scope = scope_service(&self.istiod, "filler.mig.test");
-                let envoy = envoy_view(self.envoy(), "filler.mig.test");
+                let envoy = self.envoy().clusters_of("filler.mig.test");
                 let want = format!("mig External [{port}/http]");
                 (scope.as_deref() == Some(want.as_str()) && envoy.contains_key(&cluster))
                     .then_some(())
@@ -839,7 +780,7 @@ impl World {
                     &format!("{host}: one entry in the scope and in Envoy"),
                     || {
                         let scope = scope_service(&self.istiod, &host).unwrap_or_default();
-                        let envoy = envoy_view(self.envoy(), &host);
+                        let envoy = self.envoy().clusters_of(&host);
                         let [a, b] = sides(i);
                         let known = |x: &(String, BTreeMap<String, Vec<String>>)| {
                             (x.0 == scope, x.1 == envoy)
@@ -874,7 +815,7 @@ impl World {
                     scope == a.0 || scope == b.0,
                     "{host}: the scope holds {scope:?}"
                 );
-                let envoy = envoy_view(self.envoy(), &host);
+                let envoy = self.envoy().clusters_of(&host);
                 assert_eq!(
                     envoy, held[k],
                     "{host}: Envoy's endpoints changed on a push unrelated to the host"
@@ -1094,7 +1035,7 @@ impl World {
     /// `envoy_ip` and istiod's sidecar scope holds `scope` for the host.
     fn stock_now(&self, envoy_ip: &str, scope: &str, what: &str) {
         let host = "stock.test";
-        let envoy = envoy_view(self.envoy(), host);
+        let envoy = self.envoy().clusters_of(host);
         let want = view(&[("outbound|80||stock.test", &[&format!("{envoy_ip}:80")])]);
         let s = scope_service(&self.istiod, host);
         assert!(
@@ -1132,7 +1073,7 @@ impl World {
             ],
             "{host}: istiod's registry after B's create_time changed, and a full push"
         );
-        let envoy = envoy_view(self.envoy(), host);
+        let envoy = self.envoy().clusters_of(host);
         let scope = scope_service(&self.istiod, host);
         assert_eq!(
             (envoy, scope.as_deref()),

@@ -7,6 +7,7 @@
 
 pub mod naming;
 mod service_entry;
+pub mod template;
 
 use std::time::SystemTime;
 
@@ -44,6 +45,9 @@ pub struct TranslateConfig {
     /// metadata into labels, and every label of every endpoint is held by istiod and sent to
     /// every proxy.
     pub max_labels: usize,
+    /// Host, name, port-name and endpoint-label controls (`template.rs`); the default changes
+    /// nothing.
+    pub naming: template::Naming,
 }
 
 /// What happens to a service whose registry lists no instance of it (every instance gone, or
@@ -87,6 +91,7 @@ pub fn test_config(on_empty: OnEmpty, vip_cidr: VipCidr) -> TranslateConfig {
         on_empty,
         vip_cidr,
         max_labels: DEFAULT_MAX_LABELS,
+        naming: template::Naming::default(),
     }
 }
 

@@ -39,6 +39,7 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
         labels: model_labels,
         annotations,
         create_time,
+        name_parts,
         // Decides who keeps a contested virtual IP (`vip`), not part of the resource.
         creation_order: _,
     } = service;
@@ -49,16 +50,42 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
             "metadata.namespace: {namespace:?} is not a valid namespace (DNS label)"
         ));
     }
-    let short = map_resource_name(&key.name);
+    let mut short = map_resource_name(&key.name);
     if short.is_empty() {
         errors.push(format!(
             "metadata.name: {:?} maps to an empty name",
             key.name
         ));
+    } else if let Some(t) = &cfg.naming.name {
+        let named = t.render_name(|part| match part {
+            "name" => Some(short.as_str()),
+            "registry" => Some(cfg.registry.as_str()),
+            "source" => Some(cfg.source.as_str()),
+            _ => None,
+        });
+        let mapped = map_resource_name(&named);
+        if mapped != named || mapped.is_empty() {
+            errors.push(format!(
+                "metadata.name: --name-template {:?} gives {named:?}, not a valid name",
+                t.as_str()
+            ));
+        }
+        short = mapped;
     }
 
-    let hosts = hosts(&model_hosts, cfg, &mut errors);
-    let ports = ports(model_ports, &mut errors);
+    let hosts = hosts(&model_hosts, &name_parts, cfg, &mut errors);
+    let mut ports = ports(model_ports, &mut errors);
+    let mut model_endpoints = model_endpoints;
+    rename_ports(&mut ports, &mut model_endpoints, &cfg.naming.port_names);
+    let mut port_names = BTreeSet::new();
+    for (i, p) in ports.iter().enumerate() {
+        if !port_names.insert(p.name.as_str()) {
+            errors.push(format!(
+                "spec.ports[{i}].name: {:?} is used twice (after --port-name)",
+                p.name
+            ));
+        }
+    }
     let addresses = addresses(model_addresses, resolution, &mut errors);
     let export_to = export_to(model_export_to, cfg, &mut errors);
 
@@ -69,7 +96,15 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
         model_endpoints,
         resolution,
         &ports,
-        cfg.max_labels,
+        (
+            cfg.max_labels,
+            cfg.naming.endpoint_source_labels.then(|| {
+                [
+                    (LABEL_REGISTRY.to_string(), label_safe(&cfg.registry)),
+                    (LABEL_SOURCE.to_string(), label_safe(&cfg.source)),
+                ]
+            }),
+        ),
         &mut errors,
         &mut warnings,
     );
@@ -146,7 +181,42 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
     })
 }
 
-fn hosts(model: &[Host], cfg: &TranslateConfig, errors: &mut Vec<String>) -> Vec<String> {
+/// `--port-name`: each service port whose number is named gets that name (and protocol, when
+/// given), and endpoints' port mappings follow it (they are keyed by port name).
+fn rename_ports(
+    ports: &mut [ServicePort],
+    endpoints: &mut [Endpoint],
+    names: &std::collections::BTreeMap<u32, super::template::PortRename>,
+) {
+    let renamed: Vec<(String, &String)> = ports
+        .iter_mut()
+        .filter_map(|p| {
+            let rename = names.get(&p.number)?;
+            if let Some(protocol) = rename.protocol {
+                p.protocol = protocol.to_string();
+            }
+            let name = Some(&rename.name).filter(|n| **n != p.name)?;
+            Some((std::mem::replace(&mut p.name, name.clone()), name))
+        })
+        .collect();
+    if renamed.is_empty() {
+        return;
+    }
+    for ep in endpoints.iter_mut().filter(|ep| !ep.ports.is_empty()) {
+        for (old, new) in &renamed {
+            if let Some(n) = ep.ports.remove(old) {
+                ep.ports.insert((*new).clone(), n);
+            }
+        }
+    }
+}
+
+fn hosts(
+    model: &[Host],
+    parts: &[(&'static str, String)],
+    cfg: &TranslateConfig,
+    errors: &mut Vec<String>,
+) -> Vec<String> {
     let mut out = Vec::with_capacity(model.len());
     if model.is_empty() {
         errors.push("spec.hosts: at least one host is required".into());
@@ -160,6 +230,26 @@ fn hosts(model: &[Host], cfg: &TranslateConfig, errors: &mut Vec<String>) -> Vec
                     continue;
                 }
             },
+            Host::Relative(name) if cfg.naming.host.is_some() => {
+                let Some(t) = &cfg.naming.host else { continue };
+                let full = t.render_host(|part| {
+                    parts
+                        .iter()
+                        .find(|(p, _)| *p == part)
+                        .map(|(_, v)| v.as_str())
+                        .or((part == "service").then_some(name.as_str()))
+                });
+                match check_host(&full) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        errors.push(format!(
+                            "spec.hosts[{i}]: --host-template {:?} gives {full:?} for {name:?}: {e}",
+                            t.as_str()
+                        ));
+                        continue;
+                    }
+                }
+            }
             Host::Relative(name) => {
                 let base = map_dns_name(name);
                 let suffix = cfg.host_suffix.trim_matches('.');
@@ -279,7 +369,7 @@ fn endpoints(
     model: Vec<Endpoint>,
     resolution: Resolution,
     ports: &[ServicePort],
-    max_labels: usize,
+    (max_labels, source): (usize, Option<[(String, String); 2]>),
     errors: &mut Vec<String>,
     warnings: &mut Vec<(WarningKind, String)>,
 ) -> Vec<Endpoint> {
@@ -290,7 +380,7 @@ fn endpoints(
         return Vec::new();
     }
     let mut out = Vec::with_capacity(model.len());
-    let mut checked = CheckedLabels::new(max_labels);
+    let mut checked = CheckedLabels::new(max_labels, source);
     for (i, mut ep) in model.into_iter().enumerate() {
         // Field paths are only formatted when something is wrong (this loop is the hot path).
         let field = || format!("spec.endpoints[{i}]");
@@ -368,6 +458,8 @@ fn check_endpoint_address(ep: &Endpoint, resolution: Resolution) -> Result<(), S
 struct CheckedLabels {
     /// `--max-labels`.
     max_labels: usize,
+    /// `--endpoint-source-labels`: added to every set (they win over a registry's own).
+    source: Option<[(String, String); 2]>,
     seen: Vec<Checked>,
 }
 
@@ -381,9 +473,10 @@ struct Checked {
 impl CheckedLabels {
     const MAX: usize = 16;
 
-    fn new(max_labels: usize) -> Self {
+    fn new(max_labels: usize, source: Option<[(String, String); 2]>) -> Self {
         Self {
             max_labels,
+            source,
             seen: Vec::new(),
         }
     }
@@ -397,13 +490,14 @@ impl CheckedLabels {
         warnings: &mut Vec<(WarningKind, String)>,
     ) -> LabelSet {
         let max = self.max_labels;
+        let source = self.source.as_ref();
         let checked = match self.seen.iter().position(|c| c.given.ptr_eq(&labels)) {
             Some(i) => &self.seen[i],
             None if self.seen.len() < Self::MAX => {
-                self.seen.push(Checked::of(labels, max));
+                self.seen.push(Checked::of(labels, max, source));
                 &self.seen[self.seen.len() - 1]
             }
-            None => &Checked::of(labels, max),
+            None => &Checked::of(labels, max, source),
         };
         for (kind, e) in &checked.problems {
             warnings.push((*kind, format!("{}: {e}", field())));
@@ -413,7 +507,7 @@ impl CheckedLabels {
 }
 
 impl Checked {
-    fn of(given: LabelSet, max_labels: usize) -> Self {
+    fn of(given: LabelSet, max_labels: usize, source: Option<&[(String, String); 2]>) -> Self {
         let check = |k: &str, v: &str| check_label_key(k).and_then(|()| check_label_value(k, v));
         let mut problems: Vec<(WarningKind, String)> = given
             .iter()
@@ -434,6 +528,16 @@ impl Checked {
                 ));
             }
             kept.into_iter().take(max_labels).collect()
+        };
+        // The source's labels are the adapter's own, valid by construction, and not counted
+        // against --max-labels (which bounds what a registry's free-form metadata brings).
+        let clean = match source {
+            None => clean,
+            Some(extra) => {
+                let mut all = clean.to_labels();
+                all.extend(extra.iter().cloned());
+                LabelSet::from(all)
+            }
         };
         Self {
             given,
@@ -523,6 +627,7 @@ mod tests {
             on_empty: crate::translate::OnEmpty::Keep,
             vip_cidr: crate::vip::VipCidr::Off,
             max_labels: crate::translate::DEFAULT_MAX_LABELS,
+            naming: Default::default(),
         }
     }
 

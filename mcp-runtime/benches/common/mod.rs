@@ -56,6 +56,7 @@ pub fn translate_config() -> TranslateConfig {
         on_empty: mcp_core::OnEmpty::Keep,
         vip_cidr: mcp_core::vip::VipCidr::Off,
         max_labels: mcp_core::translate::DEFAULT_MAX_LABELS,
+        naming: Default::default(),
     }
 }
 
