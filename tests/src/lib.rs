@@ -305,6 +305,24 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
     }
 }
 
+/// Polls `probe` every 100 ms until it is `Ok`, for at most `timeout`; panics with the last
+/// `Err` (what was seen instead), which [`wait_for`] cannot say.
+pub fn settle<T>(timeout: Duration, what: &str, mut probe: impl FnMut() -> Result<T, String>) -> T {
+    let end = Instant::now() + timeout;
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(seen) => {
+                assert!(
+                    Instant::now() < end,
+                    "timed out after {timeout:?} waiting for {what}; last seen:\n{seen}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
 /// A test peer's binary `name` in the directory `$env` names (default `target/<default_dir>`),
 /// which the command `build` makes; panics with that hint when it is missing.
 pub fn peer_binary(env: &str, default_dir: &str, name: &str, build: &str) -> PathBuf {

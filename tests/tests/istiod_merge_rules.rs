@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
@@ -213,22 +213,23 @@ fn write_atomically(dir: &Path, file: &str, doc: &Value) {
     std::fs::rename(&tmp, dir.join(format!("{file}.json"))).expect("rename");
 }
 
-/// Polls `probe` every 100 ms until it is `Ok`, for at most [`CONFIG_TIMEOUT`]; panics with the
-/// last `Err` (what was seen instead).
-fn settle<T>(what: &str, mut probe: impl FnMut() -> Result<T, String>) -> T {
-    let end = Instant::now() + CONFIG_TIMEOUT;
-    loop {
-        match probe() {
-            Ok(v) => return v,
-            Err(seen) => {
-                assert!(
-                    Instant::now() < end,
-                    "timed out after {CONFIG_TIMEOUT:?} waiting for {what}; last seen:\n{seen}"
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
+/// Waits until istiod's configz holds `name` once, with creation time `ts`.
+fn wait_create_time(istiod: &Istiod, name: &str, ts: &str) {
+    settle(&format!("{name}'s new create_time in configz"), || {
+        let e = configz_named(istiod, name);
+        let got: Vec<&Value> = e
+            .iter()
+            .map(|e| &e["metadata"]["creationTimestamp"])
+            .collect();
+        (got == [ts])
+            .then_some(())
+            .ok_or_else(|| format!("{got:?}"))
+    });
+}
+
+/// [`e2e::settle`] within [`CONFIG_TIMEOUT`].
+fn settle<T>(what: &str, probe: impl FnMut() -> Result<T, String>) -> T {
+    e2e::settle(CONFIG_TIMEOUT, what, probe)
 }
 
 /// `want` as [`Envoy::clusters_of`] and [`shards`] read it.
@@ -969,16 +970,7 @@ impl World {
             "stock",
             &se("mig-a/stock", host, OLDER, "80/http", "10.20.5.11"),
         );
-        settle("mig-a/stock's new create_time in configz", || {
-            let e = configz_named(&self.istiod, "mig-a/stock");
-            let ts: Vec<&Value> = e
-                .iter()
-                .map(|e| &e["metadata"]["creationTimestamp"])
-                .collect();
-            (ts == [OLDER])
-                .then_some(())
-                .ok_or_else(|| format!("{ts:?}"))
-        });
+        wait_create_time(&self.istiod, "mig-a/stock", OLDER);
         self.full_push();
         assert_eq!(
             registry_services(&self.istiod, host),
@@ -1054,16 +1046,7 @@ impl World {
             "pay",
             &se("mig/pay-nacos", host, OLDER, "80/http-nacos", "10.20.2.11"),
         );
-        settle("mig/pay-nacos's new create_time in configz", || {
-            let e = configz_named(&self.istiod, "mig/pay-nacos");
-            let ts: Vec<&Value> = e
-                .iter()
-                .map(|e| &e["metadata"]["creationTimestamp"])
-                .collect();
-            (ts == [OLDER])
-                .then_some(())
-                .ok_or_else(|| format!("{ts:?}"))
-        });
+        wait_create_time(&self.istiod, "mig/pay-nacos", OLDER);
         self.full_push();
         assert_eq!(
             registry_services(&self.istiod, host),

@@ -273,22 +273,9 @@ fn label(weights: &[(&str, u32)]) -> String {
     format!("{} {}", names.join("/"), values.join("/"))
 }
 
-/// Polls `probe` every 100 ms until it is `Ok`, for at most [`CONFIG_TIMEOUT`]; panics with
-/// the last `Err` (what was seen instead).
-fn settle<T>(what: &str, mut probe: impl FnMut() -> Result<T, String>) -> T {
-    let end = Instant::now() + CONFIG_TIMEOUT;
-    loop {
-        match probe() {
-            Ok(v) => return v,
-            Err(seen) => {
-                assert!(
-                    Instant::now() < end,
-                    "timed out after {CONFIG_TIMEOUT:?} waiting for {what}; last seen:\n{seen}"
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
+/// [`e2e::settle`] within [`CONFIG_TIMEOUT`].
+fn settle<T>(what: &str, probe: impl FnMut() -> Result<T, String>) -> T {
+    e2e::settle(CONFIG_TIMEOUT, what, probe)
 }
 
 /// `namespace [port/name ...] created` of every service istiod's registry holds for `host`,

@@ -165,22 +165,9 @@ fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// Polls `probe` every 100 ms until it is `Ok`, for at most [`WAIT`]; panics with the last
-/// `Err` (what was seen instead).
-fn settle<T>(what: &str, mut probe: impl FnMut() -> Result<T, String>) -> T {
-    let end = Instant::now() + WAIT;
-    loop {
-        match probe() {
-            Ok(v) => return v,
-            Err(seen) => {
-                assert!(
-                    Instant::now() < end,
-                    "timed out after {WAIT:?} waiting for {what}; last seen:\n{seen}"
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
+/// [`e2e::settle`] within [`WAIT`].
+fn settle<T>(what: &str, probe: impl FnMut() -> Result<T, String>) -> T {
+    e2e::settle(WAIT, what, probe)
 }
 
 /// Waits until the objects `side`'s adapter owns are exactly `names` and its output leads, in
