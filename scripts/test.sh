@@ -4,7 +4,8 @@
 #   - the Go peers that share one build list (tests/go-peers/go.work), built from the Go module
 #     proxy in one go build, so their common Kubernetes/gRPC/... packages compile once: Istio's
 #     own MCP client (istio.io/istio/pkg/adsc) into target/adsc/adsc-watch-current, istiod
-#     (pilot-discovery, unmodified, the same Istio) into target/istio, and a Kubernetes API
+#     (pilot-discovery, unmodified, the same Istio) and Istio's ServiceEntry validation as a
+#     test oracle (tests/istio-validate) into target/istio, and a Kubernetes API
 #     server with embedded etcd into target/kube (cold: ~13 min on 2 busy cores, ~3.5 GB of
 #     build cache; built separately they took ~31 min; warm: ~3 s); then the Istio 1.22 MCP
 #     client into target/adsc (a module of its own; cold: ~3 min more; warm: ~5 s), and Istio
@@ -66,7 +67,7 @@ if [ "${free_kb:-0}" -lt $((10 * 1024 * 1024)) ]; then
   echo "scripts/test.sh: warning: only $((free_kb / 1024)) MiB free on $(df -P . | awk 'NR==2 {print $6}'); a clean run needs ~10 GB" >&2
 fi
 
-step "building Istio's MCP client, istiod and kube-apiserver (tests/go-peers: one Go build list)"
+step "building Istio's MCP client, istiod, istio-validate and kube-apiserver (tests/go-peers: one Go build list)"
 tests/go-peers/build.sh target
 
 step "building Istio 1.22's MCP client (tests/istio-adsc; adsc-watch-current is up to date by now)"
@@ -129,7 +130,8 @@ cargo build --workspace --bins --examples
 
 # The peers the end-to-end tests and the benches run, for every cargo test run below.
 export ADSC_WATCH_DIR="$PWD/target/adsc" KUBE_BIN_DIR="$PWD/target/kube" \
-  PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" CONSUL_BIN_DIR="$PWD/target/consul" \
+  PILOT_DISCOVERY="$PWD/target/istio/pilot-discovery" ISTIO_VALIDATE="$PWD/target/istio/istio-validate" \
+  CONSUL_BIN_DIR="$PWD/target/consul" \
   EUREKA_JAR="$PWD/target/eureka/eureka-test.jar" COMPOSE_CHECK="$PWD/target/compose-check" \
   NACOS2_HOME="${NACOS2_HOME:-$PWD/target/nacos/nacos-2.4.3}" \
   NACOS3_HOME="${NACOS3_HOME:-$PWD/target/nacos/nacos-3.0.3}" \

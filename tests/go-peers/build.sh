@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds the three Go test peers that share one build list, in one go build:
+# Builds the four Go test peers that share one build list, in one go build:
 #   TARGETDIR/adsc/adsc-watch-current   tests/istio-adsc/current (Istio's adsc)
 #   TARGETDIR/istio/pilot-discovery     istiod, unmodified: istio.io/istio/pilot/cmd/pilot-discovery
 #                                       at the istio.io/istio that current/go.mod pins
+#   TARGETDIR/istio/istio-validate      tests/istio-validate (Istio's ValidateServiceEntry over
+#                                       JSON lines: the tests' validity oracle)
 #   TARGETDIR/kube/kube-apiserver-test  tests/kube-apiserver (kube-apiserver + embedded etcd)
-# The workspace go.work here joins the two modules into one build list, so the
+# The workspace go.work here joins the three modules into one build list, so the
 # Kubernetes, gRPC, OpenTelemetry, ... packages they share are compiled once
 # (see README.md). One go build for all three lets the links and the last
 # compiles of one binary overlap with the others' on a 2-core machine; go build
@@ -24,8 +26,9 @@ stage="$target/go-peers"
 mkdir -p "$stage" "$target/adsc" "$target/istio" "$target/kube"
 
 # Binary names from the packages: adscwatch (module adscwatch),
-# kube-apiserver (module bridge.test/kube-apiserver), pilot-discovery.
-peer_go_build -o "$stage/" adscwatch bridge.test/kube-apiserver \
+# kube-apiserver (module bridge.test/kube-apiserver), istio-validate (module
+# bridge.test/istio-validate), pilot-discovery.
+peer_go_build -o "$stage/" adscwatch bridge.test/kube-apiserver bridge.test/istio-validate \
   istio.io/istio/pilot/cmd/pilot-discovery
 
 place() {
@@ -34,6 +37,7 @@ place() {
 }
 place adscwatch "$target/adsc/adsc-watch-current"
 place pilot-discovery "$target/istio/pilot-discovery"
+place istio-validate "$target/istio/istio-validate"
 place kube-apiserver "$target/kube/kube-apiserver-test"
 
 # Cold: ~2.5 min on 2 busy cores (516 packages, ~0.4 GB of build cache); warm: ~4 s (README.md).

@@ -86,7 +86,7 @@ impl Adsc {
             let left = end.saturating_duration_since(Instant::now());
             match self.events.recv_timeout(left) {
                 Ok(ev) => {
-                    self.seen.push(ev.clone());
+                    self.record(ev.clone());
                     if pred(&ev) {
                         return ev;
                     }
@@ -133,6 +133,16 @@ impl Adsc {
         items
     }
 
+    /// Keeps `ev` in [`Adsc::seen`]; panics on an `invalid` event: the store held a ServiceEntry
+    /// that Istio's own validation refuses, which an adapter must never serve.
+    fn record(&mut self, ev: serde_json::Value) {
+        assert!(
+            ev["event"] != "invalid",
+            "Istio's ValidateServiceEntry refuses a ServiceEntry adsc holds: {ev}"
+        );
+        self.seen.push(ev);
+    }
+
     /// `error` events seen so far.
     pub fn errors(&self) -> Vec<&serde_json::Value> {
         self.seen.iter().filter(|e| e["event"] == "error").collect()
@@ -142,7 +152,7 @@ impl Adsc {
     /// arrived after the last one waited for.
     pub fn assert_no_errors(&mut self) {
         while let Ok(ev) = self.events.try_recv() {
-            self.seen.push(ev);
+            self.record(ev);
         }
         assert!(
             self.errors().is_empty(),
@@ -154,6 +164,12 @@ impl Adsc {
 
 impl Drop for Adsc {
     fn drop(&mut self) {
+        // The events after the last one a test waited for are checked too.
+        if !std::thread::panicking() {
+            while let Ok(ev) = self.events.try_recv() {
+                self.record(ev);
+            }
+        }
         drop(self.child.stdin.take());
         let _ = self.child.kill();
         let _ = self.child.wait();

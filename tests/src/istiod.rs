@@ -243,13 +243,30 @@ impl Istiod {
     }
 }
 
-/// The ServiceEntries in istiod's `/debug/configz`.
+/// The ServiceEntries in istiod's `/debug/configz`. Asserts first that Istio's own validation
+/// (`crate::istio_validate`) accepts each one an adapter made (labelled
+/// `mcp-adapter/registry`): entries a test applied itself may be odd on purpose.
 pub fn configz_entries(configz: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
-    configz
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["kind"] == "ServiceEntry")
+    let entries = || {
+        configz
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["kind"] == "ServiceEntry")
+    };
+    for c in entries().filter(|c| {
+        c["metadata"]["labels"]
+            .get(mcp_core::translate::LABEL_REGISTRY)
+            .is_some()
+    }) {
+        crate::istio_validate::assert_valid_json(
+            "istiod /debug/configz",
+            c["metadata"]["name"].as_str().unwrap_or(""),
+            c["metadata"]["namespace"].as_str().unwrap_or(""),
+            &c["spec"],
+        );
+    }
+    entries()
 }
 
 /// `namespace/name` of every ServiceEntry in istiod's `/debug/configz`, sorted (a name that two

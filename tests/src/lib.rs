@@ -16,6 +16,7 @@ pub mod eureka;
 pub mod flood;
 pub mod forwarder;
 pub mod helm;
+pub mod istio_validate;
 pub mod istiod;
 pub mod kube;
 pub mod kube_output;

@@ -4,6 +4,10 @@
 //! every response, as an istiod that rejects what it is sent does. They run
 //! on a runtime of their own thread and record what they received, so a test can ask whether a
 //! sink saw a version and wait for it.
+//!
+//! Every ServiceEntry they receive goes through Istio's own validation
+//! ([`crate::istio_validate`]); one that Istio refuses fails the test ([`XdsSinks::state`],
+//! [`XdsSinks::wait_version`] and the drop at the end of the test panic with it).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -13,10 +17,16 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use prost::Message;
+use proto::istio::mcp::v1alpha1::Resource as McpResource;
+use proto::istio::networking::v1alpha3::ServiceEntry;
+
 use crate::background::Background;
+use crate::istio_validate;
 
 /// The type URL the sinks subscribe to (istiod 1.24+).
 pub const SERVICE_ENTRY: &str = "networking.istio.io/v1/ServiceEntry";
@@ -85,12 +95,71 @@ pub struct SinkState {
 struct Shared {
     sinks: Mutex<Vec<SinkState>>,
     changed: Condvar,
+    /// Served ServiceEntries Istio refuses, each with Istio's errors.
+    invalid: Mutex<Vec<String>>,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Vec<SinkState>> {
         self.sinks.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Panics with the invalid entries the sinks were served, if any.
+    fn assert_all_valid(&self) {
+        let invalid = self.invalid.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(
+            invalid.is_empty(),
+            "the adapter served ServiceEntries that Istio refuses:\n{}",
+            invalid.join("\n")
+        );
+    }
+
+    /// Checks the MCP resources of one response with Istio's validation; records what fails.
+    fn check<'a>(&self, sink: usize, version: &str, resources: impl Iterator<Item = &'a Any>) {
+        let context = format!("xDS sink {sink}, response {version:?}");
+        // The validator is a child process answering over pipes: a blocking call.
+        let found = tokio::task::block_in_place(|| {
+            resources
+                .filter(|a| a.type_url.ends_with("/istio.mcp.v1alpha1.Resource"))
+                .filter_map(|a| invalid_entry(&context, &a.value))
+                .collect::<Vec<_>>()
+        });
+        if !found.is_empty() {
+            self.invalid
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(found);
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// Why one MCP `Resource` (encoded) is not a ServiceEntry Istio accepts, or `None` when it is (or
+/// carries another type).
+fn invalid_entry(context: &str, resource: &[u8]) -> Option<String> {
+    let r = match McpResource::decode(resource) {
+        Ok(r) => r,
+        Err(e) => return Some(format!("{context}: not an MCP Resource: {e}")),
+    };
+    let body = r.body?;
+    if !body
+        .type_url
+        .ends_with("/istio.networking.v1alpha3.ServiceEntry")
+    {
+        return None;
+    }
+    let full = r.metadata.map(|m| m.name).unwrap_or_default();
+    let (namespace, name) = full.split_once('/').unwrap_or(("", full.as_str()));
+    let ask = || match ServiceEntry::decode(body.value.as_slice()) {
+        Ok(se) => istio_validate::verdict(name, namespace, &se),
+        Err(e) => istio_validate::Verdict {
+            errors: vec![format!("not a ServiceEntry: {e}")],
+            ..Default::default()
+        },
+    };
+    istio_validate::check_once(name, namespace, &body.value, ask)
+        .err()
+        .map(|e| format!("{context}: {e}"))
 }
 
 /// Running sinks; stopped (their streams closed) on drop.
@@ -105,6 +174,7 @@ impl XdsSinks {
         let shared = Arc::new(Shared {
             sinks: Mutex::new(vec![SinkState::default(); specs.len()]),
             changed: Condvar::new(),
+            invalid: Mutex::new(Vec::new()),
         });
         let specs = specs.to_vec();
         let out = shared.clone();
@@ -145,8 +215,9 @@ impl XdsSinks {
         }
     }
 
-    /// What sink `i` has seen so far.
+    /// What sink `i` has seen so far. Panics if any sink was served an invalid ServiceEntry.
     pub fn state(&self, i: usize) -> SinkState {
+        self.shared.assert_all_valid();
         self.shared.lock()[i].clone()
     }
 
@@ -161,11 +232,12 @@ impl XdsSinks {
     }
 
     /// Waits until every sink in `which` has received version `version`; panics after
-    /// `timeout`, or when one of them ended.
+    /// `timeout`, when one of them ended, or when any was served an invalid ServiceEntry.
     pub fn wait_version(&self, which: &[usize], version: &str, timeout: Duration) {
         let end = Instant::now() + timeout;
         let mut s = self.shared.lock();
         loop {
+            self.shared.assert_all_valid();
             let missing: Vec<usize> = which
                 .iter()
                 .copied()
@@ -191,6 +263,15 @@ impl XdsSinks {
                 .wait_timeout(s, end - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        }
+    }
+}
+
+impl Drop for XdsSinks {
+    /// The last check, for tests that never ask again after the final response.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.shared.assert_all_valid();
         }
     }
 }
@@ -232,6 +313,7 @@ async fn run(addr: SocketAddr, spec: SinkSpec, i: usize, out: &Shared) -> Result
                 .map_err(|e| format!("StreamAggregatedResources: {e}"))?
                 .into_inner();
             while let Some(r) = responses.message().await.map_err(|e| e.to_string())? {
+                out.check(i, &r.version_info, r.resources.iter());
                 // SotW resources carry no names outside their bodies; count them instead.
                 let names = (0..r.resources.len()).map(|n| n.to_string()).collect();
                 record(r.version_info.clone(), names, &[], true);
@@ -260,6 +342,11 @@ async fn run(addr: SocketAddr, spec: SinkSpec, i: usize, out: &Shared) -> Result
                 .map_err(|e| format!("DeltaAggregatedResources: {e}"))?
                 .into_inner();
             while let Some(r) = responses.message().await.map_err(|e| e.to_string())? {
+                out.check(
+                    i,
+                    &r.system_version_info,
+                    r.resources.iter().filter_map(|e| e.resource.as_ref()),
+                );
                 let names = r.resources.iter().map(|e| e.name.clone()).collect();
                 record(
                     r.system_version_info.clone(),

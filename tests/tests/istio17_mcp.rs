@@ -73,6 +73,11 @@ impl Sink17 {
             match self.events.recv_timeout(left) {
                 Ok(ev) => {
                     self.seen.push(ev.clone());
+                    // Istio 1.7's ValidateServiceEntry refuses an entry it was sent.
+                    assert!(
+                        ev["event"] != "invalid",
+                        "the adapter served a ServiceEntry Istio 1.7 refuses: {ev}"
+                    );
                     if pred(&ev) {
                         return ev;
                     }
@@ -147,6 +152,15 @@ impl Sink17 {
         while let Ok(ev) = self.events.try_recv() {
             self.seen.push(ev);
         }
+        let invalid: Vec<_> = self
+            .seen
+            .iter()
+            .filter(|e| e["event"] == "invalid")
+            .collect();
+        assert!(
+            invalid.is_empty(),
+            "Istio 1.7 refuses served ServiceEntries: {invalid:?}"
+        );
         let nacks: Vec<_> = self.seen.iter().filter(|e| e["event"] == "nack").collect();
         assert!(
             nacks.is_empty(),

@@ -5,6 +5,7 @@
 //! [`Invalid`] reasons, each naming the field. A rejected service is quarantined by the runtime;
 //! it never stops the others.
 
+pub mod istio_rules;
 pub mod naming;
 mod service_entry;
 pub mod template;
@@ -180,3 +181,6 @@ pub struct Invalid {
     /// One `field: problem` per error.
     pub errors: Vec<String>,
 }
+
+#[cfg(test)]
+mod conformance_tests;

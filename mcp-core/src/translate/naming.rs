@@ -94,14 +94,27 @@ pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_SUBDOMAIN && s.split('.').all(is_dns_label)
 }
 
-/// Validates a host a person wrote: a DNS subdomain, optionally starting with `*.`; lower-cased.
+/// Validates a host a person wrote: a DNS subdomain, optionally starting with `*.`, whose last
+/// label is not a number; lower-cased.
+///
+/// Istio refuses an all-digit top-level label (`ValidateDNS1123Labels`: `svc-1.2`, or an IP
+/// address `1.2.3.4` taken for a name), and a host of one numeric label where it must be an FQDN
+/// (DNS resolution without endpoints), so neither is a host here.
 pub fn check_host(host: &str) -> Result<String, String> {
     let lower = host.trim().to_ascii_lowercase();
     let rest = lower.strip_prefix("*.").unwrap_or(&lower);
     if lower == "*" {
         return Err("\"*\" is not allowed; name the hosts".into());
     }
-    if is_dns_subdomain(rest) {
+    let numeric_tld = rest
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()));
+    if numeric_tld {
+        Err(format!(
+            "{host:?} ends in a number, which Istio refuses as a top-level domain"
+        ))
+    } else if is_dns_subdomain(rest) {
         Ok(lower)
     } else {
         Err(format!("{host:?} is not a valid DNS name"))
@@ -214,6 +227,13 @@ mod tests {
         assert!(check_host("a_b.example").is_err());
         assert!(check_host("-a.example").is_err());
         assert!(check_host("").is_err());
+        // Istio refuses a numeric top-level label.
+        assert!(check_host("svc-1.2").is_err());
+        assert!(check_host("1.2.3.4").is_err());
+        assert!(check_host("123").is_err());
+        assert!(check_host("*.123").is_err());
+        assert!(check_host("svc.v2").is_ok());
+        assert!(check_host("123.example").is_ok());
     }
 
     #[test]

@@ -87,7 +87,7 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
         }
     }
     let addresses = addresses(model_addresses, resolution, &mut errors);
-    let export_to = export_to(model_export_to, cfg, &mut errors);
+    let export_to = export_to(model_export_to, cfg, &namespace, &mut errors);
 
     if workload_selector.is_some() && !model_endpoints.is_empty() {
         errors.push("spec: workloadSelector and endpoints are mutually exclusive".into());
@@ -119,9 +119,9 @@ pub fn translate(service: Service, cfg: &TranslateConfig) -> Result<Translated, 
                 .into(),
         );
     }
+    // Istio asks this whether or not a workload selector picks the endpoints.
     if matches!(resolution, Resolution::Dns | Resolution::DnsRoundRobin)
         && endpoints.is_empty()
-        && workload_selector.is_none()
         && hosts.iter().any(|h| h.starts_with("*."))
     {
         errors.push(
@@ -332,7 +332,12 @@ fn addresses(model: Vec<String>, resolution: Resolution, errors: &mut Vec<String
             (Ok(_), None) => true,
             (Ok(addr), Some(p)) => {
                 let max = if addr.is_ipv4() { 32 } else { 128 };
-                p.parse::<u8>().is_ok_and(|p| p <= max)
+                // Digits only, no leading zero: Go's netip.ParsePrefix, which Istio uses,
+                // refuses `/08` and `/+8` that `parse` takes.
+                let canonical =
+                    p.bytes().all(|b| b.is_ascii_digit()) && (p.len() == 1 || !p.starts_with('0'));
+                canonical
+                    && p.parse::<u8>().is_ok_and(|p| p <= max)
                     && matches!(resolution, Resolution::None | Resolution::Static)
             }
             (Err(_), _) => false,
@@ -346,21 +351,37 @@ fn addresses(model: Vec<String>, resolution: Resolution, errors: &mut Vec<String
     model
 }
 
-fn export_to(model: Vec<String>, cfg: &TranslateConfig, errors: &mut Vec<String>) -> Vec<String> {
+fn export_to(
+    model: Vec<String>,
+    cfg: &TranslateConfig,
+    namespace: &str,
+    errors: &mut Vec<String>,
+) -> Vec<String> {
     let list = if model.is_empty() {
         cfg.export_to.clone()
     } else {
         model
     };
+    // Istio's validateExportTo: `.` is the entry's own namespace, so `.` and that namespace
+    // are a duplicate too.
+    let mut seen = BTreeSet::new();
     for (i, e) in list.iter().enumerate() {
         if !(e == "*" || e == "." || e == "~" || is_dns_label(e)) {
             errors.push(format!(
                 "spec.exportTo[{i}]: {e:?} is not '*', '.', '~' or a namespace"
             ));
+        } else if !seen.insert(if e == "." { namespace } else { e.as_str() }) {
+            errors.push(format!(
+                "spec.exportTo[{i}]: {e:?} is listed twice (`.` is namespace {namespace:?})"
+            ));
         }
     }
-    if list.len() > 1 && list.iter().any(|e| e == "*") {
-        errors.push("spec.exportTo: '*' cannot be combined with other entries".into());
+    for alone in ["*", "~"] {
+        if list.len() > 1 && list.iter().any(|e| e == alone) {
+            errors.push(format!(
+                "spec.exportTo: '{alone}' cannot be combined with other entries"
+            ));
+        }
     }
     list
 }
@@ -384,13 +405,22 @@ fn endpoints(
     for (i, mut ep) in model.into_iter().enumerate() {
         // Field paths are only formatted when something is wrong (this loop is the hot path).
         let field = || format!("spec.endpoints[{i}]");
-        if let Err(e) = check_endpoint_address(&ep, resolution) {
+        if let Err(e) = check_endpoint_address(&ep, resolution, ports.len()) {
             let field = field();
             warnings.push((
                 WarningKind::Endpoint,
                 format!("{field}.address: {e}; endpoint dropped"),
             ));
             continue;
+        }
+        if ep.address.starts_with(UNIX_PREFIX) && !ep.ports.is_empty() {
+            // A socket has no port to map to, and Istio refuses the mapping.
+            let field = field();
+            warnings.push((
+                WarningKind::EndpointPort,
+                format!("{field}.ports: a Unix socket endpoint maps no ports; mappings dropped"),
+            ));
+            ep.ports.clear();
         }
         ep.ports.retain(|name, number| {
             let number = *number;
@@ -435,16 +465,41 @@ fn endpoints(
     out
 }
 
-fn check_endpoint_address(ep: &Endpoint, resolution: Resolution) -> Result<(), String> {
+/// Istio's prefix of a Unix domain socket endpoint address.
+const UNIX_PREFIX: &str = "unix://";
+
+/// Whether Istio takes `ep`'s address under `resolution` (`validateWorkloadEntry` for STATIC,
+/// the DNS branch of `ValidateServiceEntry` otherwise).
+fn check_endpoint_address(
+    ep: &Endpoint,
+    resolution: Resolution,
+    service_ports: usize,
+) -> Result<(), String> {
     let a = ep.address.as_str();
-    if a.starts_with("unix://") || a.parse::<IpAddr>().is_ok() {
+    if a.parse::<IpAddr>().is_ok() {
         return Ok(());
+    }
+    if let Some(path) = a.strip_prefix(UNIX_PREFIX) {
+        // `ValidateUnixAddress`: an abstract socket or an absolute path to a file; only STATIC
+        // resolution takes sockets, and only for a service of exactly one port.
+        let path_ok = path.starts_with('@') || (path.starts_with('/') && !path.ends_with('/'));
+        return match resolution {
+            Resolution::Static if !path_ok => Err(format!(
+                "{a:?} is not an abstract socket (@name) or an absolute path to a file"
+            )),
+            Resolution::Static if service_ports != 1 => Err(format!(
+                "{a:?}: a Unix socket endpoint needs exactly one service port, not {service_ports}"
+            )),
+            Resolution::Static => Ok(()),
+            _ => Err(format!("{a:?}: only STATIC resolution takes Unix sockets")),
+        };
     }
     match resolution {
         Resolution::Static => Err(format!(
             "{a:?} is not an IP address (STATIC resolution needs IPs)"
         )),
-        _ if check_host(a).is_ok() && !a.starts_with('*') => Ok(()),
+        // `check_host` trims, but the address is served as it is: no spaces around it.
+        _ if a.trim() == a && check_host(a).is_ok() && !a.starts_with('*') => Ok(()),
         _ => Err(format!("{a:?} is neither an IP address nor a DNS name")),
     }
 }

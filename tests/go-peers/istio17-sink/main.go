@@ -8,6 +8,8 @@
 //	 "objects":[{"name":"ns/n","version":"...","type_url":"...","body":{...}}],"removed":[]}
 //	{"event":"ack","collection":"..."}            the sink ACKed a response
 //	{"event":"nack","collection":"...","code":"..."} the sink NACKed a response
+//	{"event":"invalid","name":"ns/n","errors":[...]}  before an "apply": a ServiceEntry in it
+//	                                               that Istio 1.7's ValidateServiceEntry refuses
 //
 // Apply errors are never returned, so every response that decodes is ACKed; one whose body does
 // not decode as the type its type URL names (gogo registry, as in Pilot) is NACKed by the sink.
@@ -30,7 +32,9 @@ import (
 	"google.golang.org/grpc/codes"
 
 	mcpapi "istio.io/api/mcp/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
 	"istio.io/istio/pkg/config/schema/collections"
+	"istio.io/istio/pkg/config/validation"
 	"istio.io/istio/pkg/mcp/monitoring"
 	"istio.io/istio/pkg/mcp/sink"
 	"istio.io/pkg/log"
@@ -91,10 +95,36 @@ func (u updater) Apply(c *sink.Change) error {
 			obj.Version = o.Metadata.Version
 			obj.Labels = o.Metadata.Labels
 		}
+		// What Pilot 1.7's config store would run on it (validation is on for MCP there too).
+		if se, ok := o.Body.(*networking.ServiceEntry); ok {
+			ns, name := "", obj.Name
+			if i := strings.Index(obj.Name, "/"); i >= 0 {
+				ns, name = obj.Name[:i], obj.Name[i+1:]
+			}
+			if err := validation.ValidateServiceEntry(name, ns, se); err != nil {
+				u.out.print(struct {
+					Event  string   `json:"event"`
+					Name   string   `json:"name"`
+					Errors []string `json:"errors"`
+				}{"invalid", obj.Name, errorList(err)})
+			}
+		}
 		a.Objects = append(a.Objects, obj)
 	}
 	u.out.print(a)
 	return nil
+}
+
+// errorList lists the errors inside go-multierror's error, one message each.
+func errorList(err error) []string {
+	if m, ok := err.(interface{ WrappedErrors() []error }); ok {
+		var out []string
+		for _, e := range m.WrappedErrors() {
+			out = append(out, errorList(e)...)
+		}
+		return out
+	}
+	return []string{err.Error()}
 }
 
 // reporter is Pilot's reporter (monitoring.StatsContext), and prints the sink's ACKs and NACKs.

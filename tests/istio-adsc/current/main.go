@@ -12,6 +12,8 @@
 //
 //	{"event":"synced",...}          once adsc.HasSynced() is true
 //	{"event":"serviceentries",...}  right after "synced", then on every change
+//	{"event":"invalid",...}         before a "serviceentries" line, for each entry in
+//	                                it that Istio's ValidateServiceEntry refuses
 //	{"event":"error","message":..}  stream failures, resources adsc rejected, timeout
 //
 // Exit codes: 0 stdin reached EOF, 2 bad flags, 3 --timeout elapsed, 1 internal failure.
@@ -41,6 +43,7 @@ import (
 	"istio.io/istio/pkg/adsc"
 	"istio.io/istio/pkg/config"
 	"istio.io/istio/pkg/config/schema/collections"
+	"istio.io/istio/pkg/config/validation"
 	"istio.io/istio/pkg/keepalive"
 	istiolog "istio.io/istio/pkg/log"
 )
@@ -182,7 +185,7 @@ func run() int {
 					RequestedTypeURLs:   typeURLs,
 				})
 			}
-			line, err := serviceEntriesLine(store, seGVK)
+			line, invalid, err := serviceEntriesLine(store, seGVK)
 			if err != nil {
 				// Report each distinct failure once, not every poll.
 				if msg := fmt.Sprintf("rendering store: %v", err); msg != last {
@@ -192,6 +195,9 @@ func run() int {
 				continue
 			}
 			if line != last {
+				for _, ev := range invalid {
+					out.emit(ev)
+				}
 				out.writeLine(line)
 				last = line
 			}
@@ -233,10 +239,20 @@ type serviceEntryItem struct {
 	Spec              json.RawMessage   `json:"spec"`
 }
 
+type invalidEvent struct {
+	Event     string   `json:"event"`
+	Namespace string   `json:"namespace"`
+	Name      string   `json:"name"`
+	Errors    []string `json:"errors"`
+}
+
 // serviceEntriesLine renders the store's ServiceEntries, sorted by namespace
 // then name, as one JSON line (without newline). Equal store contents give
-// an equal line, so comparing lines detects changes.
-func serviceEntriesLine(store model.ConfigStore, gvk config.GroupVersionKind) (string, error) {
+// an equal line, so comparing lines detects changes. It also runs Istio's
+// ValidateServiceEntry (the admission webhook's check) over each entry and
+// returns those it refuses: the store validates on write too, but this
+// states it for every entry a test sees, whatever the store's settings.
+func serviceEntriesLine(store model.ConfigStore, gvk config.GroupVersionKind) (string, []invalidEvent, error) {
 	configs := store.List(gvk, "")
 	sort.Slice(configs, func(i, j int) bool {
 		if configs[i].Namespace != configs[j].Namespace {
@@ -245,10 +261,14 @@ func serviceEntriesLine(store model.ConfigStore, gvk config.GroupVersionKind) (s
 		return configs[i].Name < configs[j].Name
 	})
 	items := make([]serviceEntryItem, 0, len(configs))
+	var invalid []invalidEvent
 	for _, c := range configs {
 		spec, err := specJSON(c.Spec)
 		if err != nil {
-			return "", fmt.Errorf("%s/%s: %v", c.Namespace, c.Name, err)
+			return "", nil, fmt.Errorf("%s/%s: %v", c.Namespace, c.Name, err)
+		}
+		if _, err := validation.ValidateServiceEntry(c); err != nil {
+			invalid = append(invalid, invalidEvent{"invalid", c.Namespace, c.Name, errorList(err)})
 		}
 		items = append(items, serviceEntryItem{
 			Namespace:         c.Namespace,
@@ -261,7 +281,20 @@ func serviceEntriesLine(store model.ConfigStore, gvk config.GroupVersionKind) (s
 		})
 	}
 	b, err := json.Marshal(serviceEntriesEvent{Event: "serviceentries", Items: items})
-	return string(b), err
+	return string(b), invalid, err
+}
+
+// errorList lists the errors inside Istio's multierror (go-multierror's
+// WrappedErrors), one message each.
+func errorList(err error) []string {
+	if m, ok := err.(interface{ WrappedErrors() []error }); ok {
+		var out []string
+		for _, e := range m.WrappedErrors() {
+			out = append(out, errorList(e)...)
+		}
+		return out
+	}
+	return []string{err.Error()}
 }
 
 // specJSON renders a spec with protojson: lowerCamelCase field names and enum
