@@ -6,6 +6,7 @@
 //! it never stops the others.
 
 pub mod istio_rules;
+mod labels;
 pub mod naming;
 mod service_entry;
 pub mod template;
@@ -17,7 +18,7 @@ use proto::istio::networking::v1alpha3::{ServiceEntry, WorkloadEntry};
 use crate::model::{Endpoint, Labels, SharedStr};
 use crate::vip::VipCidr;
 
-pub use service_entry::label_safe;
+pub use labels::label_safe;
 pub use service_entry::translate;
 
 /// Label naming the registry type of every generated resource.
