@@ -1,6 +1,8 @@
 //! What every fuzz target checks besides "no panic": the invariants of what the adapters serve.
 //! The targets live in `fuzz_targets/`, one per decoder; scripts/fuzz.sh builds and runs them.
 
+pub mod io;
+
 use mcp_core::translate::Translated;
 
 /// Panics (a libFuzzer finding) when a translated entry is one istiod would not accept: the
