@@ -130,11 +130,14 @@ where
         .boxed()
 }
 
-fn service_item(s: KubeService) -> Item {
+/// What is kept of a Service as the watcher decoded it (public: the fuzz targets feed the
+/// API server's JSON through this, as the watch does).
+pub fn service_item(s: KubeService) -> Item {
     Item::Service(Box::new(compact::service(s)))
 }
 
-fn slice_item(s: EndpointSlice) -> Item {
+/// What is kept of an EndpointSlice as the watcher decoded it (public for the fuzz targets).
+pub fn slice_item(s: EndpointSlice) -> Item {
     Item::Slice(Box::new(compact::slice(s)))
 }
 

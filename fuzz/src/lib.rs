@@ -3,6 +3,8 @@
 
 use mcp_core::translate::{istio_rules, Translated};
 
+pub mod io;
+
 /// Panics (a libFuzzer finding) when a translated entry is one istiod would not accept: the
 /// adapters must drop or fix what is invalid before serving, never pass it on. The rules are
 /// Istio's own `ValidateServiceEntry`, mirrored in `istio_rules` and held equal to the Go code by

@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::marker::PhantomData;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -19,9 +20,9 @@ use tonic::Status;
 use tonic_prost::ProstCodec;
 
 use super::conn::{ConnInfo, Peers};
-use super::limits::{Refused, StreamSlot};
+use super::limits::{Refused, ServerLimits, StreamSlot};
 use super::protocol::{Delta, Legacy, MeshIncremental, MeshSotw, Protocol, Xds};
-use super::request_body::MeteredBody;
+use super::request_body::{MeteredBody, OnRefused, Receiving};
 use super::response_body::ResponseBody;
 use super::{drive, StreamContext};
 
@@ -119,6 +120,34 @@ impl<M: Methods> tower_service::Service<Request<Body>> for Service<M> {
     }
 }
 
+/// A stream's requests as its task reads them: the body metered (`request_body`), then split
+/// into gRPC messages and decoded by tonic. The fuzz targets read their frames through this too.
+pub(crate) fn request_stream<P: Protocol, B>(
+    body: B,
+    limits: &ServerLimits,
+    on_refused: OnRefused,
+    large_waiting: Arc<AtomicUsize>,
+) -> (Streaming<P::Req>, Receiving)
+where
+    B: http_body::Body<Data = bytes::Bytes, Error = Status> + Unpin + Send + 'static,
+{
+    let (body, receiving) = MeteredBody::new(
+        body,
+        limits.max_request_size,
+        limits.large_requests.clone(),
+        limits.bounds.request_receive_timeout,
+        on_refused,
+        large_waiting,
+    );
+    let requests = Streaming::<P::Req>::new_request(
+        tonic::codec::Codec::decoder(&mut ProstCodec::<P::Req, P::Req>::default()),
+        body,
+        None,
+        Some(limits.max_request_size),
+    );
+    (requests, receiving)
+}
+
 /// Starts one stream: its task decodes requests and feeds the response body. A stream over
 /// `--max-streams`, or on a connection over `--max-connections` (or per peer), is refused at once.
 fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body> {
@@ -169,20 +198,8 @@ fn start<P: Protocol>(ctx: &StreamContext, req: Request<Body>) -> Response<Body>
         let (limits, metrics, peer) = (limits.clone(), ctx.metrics.clone(), peer.clone());
         Box::new(move |r: &Refused| limits.refused(&metrics, r, P::PROTOCOL, &peer))
     };
-    let (body, receiving) = MeteredBody::new(
-        req.into_body(),
-        limits.max_request_size,
-        limits.large_requests.clone(),
-        limits.bounds.request_receive_timeout,
-        on_refused,
-        large_waiting,
-    );
-    let requests = Streaming::<P::Req>::new_request(
-        tonic::codec::Codec::decoder(&mut ProstCodec::<P::Req, P::Req>::default()),
-        body,
-        None,
-        Some(limits.max_request_size),
-    );
+    let (requests, receiving) =
+        request_stream::<P, _>(req.into_body(), limits, on_refused, large_waiting);
     // One slot: the engine keeps one response per type in flight, so a sink that stopped
     // reading holds the response being written and at most this one more.
     let (tx, rx) = mpsc::channel(1);

@@ -19,6 +19,8 @@
 pub mod conn;
 pub mod engine;
 mod frames;
+#[doc(hidden)]
+pub mod fuzzing;
 mod goaway;
 mod grpc;
 mod handover;
@@ -195,6 +197,31 @@ async fn farewell(tx: &mpsc::Sender<Sent>, status: Status, shutdown: &Cancellati
     }
 }
 
+/// What one request did to a stream.
+struct Applied {
+    /// Its type URL (or collection), for metrics and logs.
+    type_key: String,
+    ack: Ack,
+    out: Option<engine::Outgoing>,
+}
+
+/// One decoded request through the stream's engine, within its limits: `drive` runs every
+/// message through this, and so do the fuzz targets ([`fuzzing`]), so what they exercise is
+/// what a sink reaches. Nothing is applied when the request is refused.
+fn apply_request<P: Protocol>(
+    engine: &mut Engine,
+    names: &mut NamesCharge,
+    msg: P::Req,
+    snapshot: Option<&Arc<Snapshot>>,
+) -> Result<Applied, limits::Refused> {
+    let req = P::request(msg);
+    engine.check(&req)?;
+    let type_key = req.type_key.clone();
+    let (ack, out) = engine.on_request(req, snapshot);
+    names.set(engine.names_held())?;
+    Ok(Applied { type_key, ack, out })
+}
+
 /// Runs one stream until the sink leaves, the stream breaks, a limit ends it, or shutdown.
 ///
 /// `accepted` is when its connection was accepted (`--max-connection-age` counts from it);
@@ -266,24 +293,20 @@ async fn drive<P: Protocol>(
                             node = Some(id);
                         }
                     }
-                    let req = P::request(msg);
-                    if let Err(refused) = engine.check(&req) {
-                        limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
-                        farewell(&tx, refused.status(), &ctx.shutdown).await;
-                        return;
-                    }
-                    let type_key = req.type_key.clone();
-                    let served = P::served(&type_key);
                     // `borrow`, not `borrow_and_update`: only the `changed()` arm may mark a
                     // snapshot as seen, or a change published while this request is handled
                     // would never reach the types this request does not name.
                     let snapshot = snapshots.borrow().clone();
-                    let (ack, out) = engine.on_request(req, snapshot.as_ref());
-                    if let Err(refused) = names.set(engine.names_held()) {
-                        limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
-                        farewell(&tx, refused.status(), &ctx.shutdown).await;
-                        return;
-                    }
+                    let Applied { type_key, ack, out } =
+                        match apply_request::<P>(&mut engine, &mut names, msg, snapshot.as_ref()) {
+                            Ok(applied) => applied,
+                            Err(refused) => {
+                                limits.refused(&metrics, &refused, P::PROTOCOL, &peer);
+                                farewell(&tx, refused.status(), &ctx.shutdown).await;
+                                return;
+                            }
+                        };
+                    let served = P::served(&type_key);
                     if let Some(took) = engine.take_ack_latency() {
                         metrics.ack_latency.with_label_values(&[P::PROTOCOL]).observe(took.as_secs_f64());
                     }
