@@ -8,3 +8,5 @@ use mcp_core::translate::Translated;
 pub fn check_served(t: &Translated) {
     let _ = t;
 }
+
+pub mod registries;
