@@ -262,10 +262,7 @@ impl ConsulClient {
                 body: quoted_body(&body),
             });
         }
-        let value = serde_json::from_slice(&body).map_err(|e| ConsulError::Decode {
-            path: path.to_string(),
-            message: e.to_string(),
-        })?;
+        let value = decode(path, &body)?;
         Ok(Indexed { index, value })
     }
 
@@ -465,12 +462,7 @@ impl ConsulClient {
         let r: Indexed<NodeServices> = self
             .get(NODE_SERVICES, &path, None, None, Read::Stale)
             .await?;
-        Ok(r.value
-            .services
-            .unwrap_or_default()
-            .into_iter()
-            .map(|s| s.service)
-            .collect())
+        Ok(r.value.names())
     }
 }
 
@@ -504,9 +496,20 @@ pub struct NodeState {
 /// The answer of `/v1/catalog/node-services/:node` (`null` fields for an unknown node).
 #[derive(Debug, serde::Deserialize)]
 #[serde(rename_all = "PascalCase")]
-struct NodeServices {
+pub struct NodeServices {
     #[serde(default)]
     services: Option<Vec<NodeService>>,
+}
+
+impl NodeServices {
+    /// The service of each instance (none for an unknown node).
+    pub fn names(self) -> Vec<String> {
+        self.services
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| s.service)
+            .collect()
+    }
 }
 
 /// One instance of [`NodeServices`], as far as its service goes.
@@ -530,6 +533,15 @@ pub struct CheckState {
     /// The service it checks; empty for a node check (it affects every service of the node).
     #[serde(default)]
     pub service_name: String,
+}
+
+/// Reads the body of a successful answer to `path` as `T`: the one place Consul's JSON is
+/// decoded, public so that the fuzz targets feed it exactly what the watch does.
+pub fn decode<T: DeserializeOwned>(path: &str, body: &[u8]) -> Result<T, ConsulError> {
+    serde_json::from_slice(body).map_err(|e| ConsulError::Decode {
+        path: path.to_string(),
+        message: e.to_string(),
+    })
 }
 
 /// Consul's index sanity rule: an index is at least 1; a missing one counts as 1.

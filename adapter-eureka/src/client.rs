@@ -16,7 +16,7 @@ use mcp_runtime::secret::{CredentialsError, Secret, UserPassword};
 use reqwest::StatusCode;
 
 use crate::config::EurekaConfig;
-use crate::dto::{Applications, Root};
+use crate::dto::Applications;
 
 /// Why a request (to every server) failed, or why the client cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -272,13 +272,12 @@ impl Client {
             }),
             BodyError::Read { .. } => Attempt::Next(e.to_string()),
         })?;
-        let root: Root = serde_json::from_slice(&body).map_err(|e| {
+        crate::dto::decode(&body).map_err(|e| {
             Attempt::Fatal(ClientError::BadResponse {
                 url: base.to_string(),
                 message: format!("{path}: {e}"),
             })
-        })?;
-        Ok(root.applications)
+        })
     }
 }
 

@@ -169,6 +169,12 @@ impl Instance {
     }
 }
 
+/// Reads an answer of `/apps` or `/apps/delta`: the one place Eureka's JSON is decoded, public
+/// so that the fuzz targets feed it exactly what the watch does.
+pub fn decode(body: &[u8]) -> Result<Applications, serde_json::Error> {
+    serde_json::from_slice::<Root>(body).map(|r| r.applications)
+}
+
 /// A JSON scalar as text (strings without quotes).
 pub fn value_string(v: &serde_json::Value) -> String {
     match v {

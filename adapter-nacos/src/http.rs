@@ -17,7 +17,7 @@ use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
 use crate::config::NacosConfig;
-use crate::dto::{namespace_id, AdminServicePage, CatalogPage, Login, Namespaces};
+use crate::dto::{namespace_id, AdminServicePage, CatalogPage, CatalogService, Login, Namespaces};
 use crate::stats::NacosStats;
 
 /// Nacos 2.x's login (3.x serves it too, by default).
@@ -63,6 +63,59 @@ pub struct Page {
     pub count: u64,
     /// This page.
     pub names: Vec<(String, String)>,
+}
+
+impl Page {
+    /// The page of 2.x's console catalog.
+    pub fn console(page: &CatalogPage) -> Self {
+        Self {
+            count: page.count,
+            names: page
+                .service_list
+                .iter()
+                .map(CatalogService::group_and_name)
+                .collect(),
+        }
+    }
+
+    /// The page of 3.x's admin API, or what its failure code says.
+    pub fn admin(page: AdminServicePage) -> Result<Self, String> {
+        if page.code != 0 {
+            return Err(format!(
+                "code {}: {}",
+                page.code,
+                page.message.unwrap_or_default()
+            ));
+        }
+        Ok(Self {
+            count: page.data.total_count,
+            names: page
+                .data
+                .page_items
+                .iter()
+                .map(CatalogService::group_and_name)
+                .collect(),
+        })
+    }
+}
+
+/// The ids of the namespaces of a namespace list (`public` for the default one, which 2.x lists
+/// as the empty id), sorted and without repeats.
+pub fn namespace_ids(ns: Namespaces) -> Vec<String> {
+    let mut ids: Vec<String> = ns
+        .data
+        .into_iter()
+        .map(|n| namespace_id(&n.namespace))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// Reads the body of a successful answer as `T`: the one place Nacos' HTTP JSON is decoded,
+/// public so that the fuzz targets feed it exactly what the client does.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(body)
 }
 
 /// Why a request failed, or why the client cannot be built.
@@ -403,14 +456,7 @@ impl HttpClient {
     pub async fn namespaces(&self, api: ListingApi) -> Result<Vec<String>, HttpClientError> {
         self.stats.request("namespaces");
         let ns: Namespaces = self.get(api.namespaces_path(), &[]).await?;
-        let mut ids: Vec<String> = ns
-            .data
-            .into_iter()
-            .map(|n| namespace_id(&n.namespace))
-            .collect();
-        ids.sort();
-        ids.dedup();
-        Ok(ids)
+        Ok(namespace_ids(ns))
     }
 
     /// Page `page_no` (from 1) of `page_size` of namespace `ns`'s services, every group,
@@ -433,37 +479,15 @@ impl HttpClient {
             ListingApi::Console => {
                 query.push(("hasIpCount", "false".into()));
                 let page: CatalogPage = self.get(api.services_path(), &query).await?;
-                Ok(Page {
-                    count: page.count,
-                    names: page
-                        .service_list
-                        .iter()
-                        .map(|s| s.group_and_name())
-                        .collect(),
-                })
+                Ok(Page::console(&page))
             }
             ListingApi::Admin => {
                 query.push(("ignoreEmptyService", "false".into()));
                 let page: AdminServicePage = self.get(api.services_path(), &query).await?;
-                if page.code != 0 {
-                    return Err(HttpClientError::BadResponse {
-                        server: self.server().http.clone(),
-                        what: format!("GET {}", api.services_path()),
-                        message: format!(
-                            "code {}: {}",
-                            page.code,
-                            page.message.unwrap_or_default()
-                        ),
-                    });
-                }
-                Ok(Page {
-                    count: page.data.total_count,
-                    names: page
-                        .data
-                        .page_items
-                        .iter()
-                        .map(|s| s.group_and_name())
-                        .collect(),
+                Page::admin(page).map_err(|message| HttpClientError::BadResponse {
+                    server: self.server().http.clone(),
+                    what: format!("GET {}", api.services_path()),
+                    message,
                 })
             }
         }
@@ -576,7 +600,7 @@ impl HttpClient {
                 ),
             });
         }
-        serde_json::from_slice(&body).map_err(|e| HttpClientError::BadResponse {
+        decode(&body).map_err(|e| HttpClientError::BadResponse {
             server,
             what: what.to_string(),
             message: e.to_string(),
@@ -594,7 +618,7 @@ impl HttpClient {
 
 /// The message of an error answer: Spring's `message` field when the body is its JSON (Nacos
 /// nests its own JSON in it: that one's `message`), else the body; clipped.
-fn error_message(body: &[u8]) -> String {
+pub fn error_message(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
     let message = serde_json::from_str::<serde_json::Value>(&text)
         .ok()

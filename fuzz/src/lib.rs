@@ -19,3 +19,5 @@ pub fn check_served(t: &Translated) {
         );
     }
 }
+
+pub mod registries;

@@ -271,7 +271,8 @@ impl Eureka {
         self.process.log()
     }
 
-    fn call(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+    /// One request under `/eureka` (JSON asked for): `(status, body)` as the server sent it.
+    pub fn call(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         self.send(method, &format!("/eureka{path}"), body)
             .unwrap_or_else(|e| panic!("eureka {method} {path}: {e}"))
     }

@@ -1,0 +1,1 @@
+ServiceListResponse—”{"count":4,"errorCode":0,"resultCode":200,"serviceNames":["providers:dev.meshbridge.dubboprovider.Greeter:1.0.0:","greeter-app","orders","billing"]}

@@ -1,0 +1,1 @@
+ServiceListResponsePN{"count":2,"errorCode":0,"resultCode":200,"serviceNames":["orders","billing"]}
