@@ -4,6 +4,7 @@
 use mcp_core::translate::{istio_rules, Translated};
 
 pub mod io;
+pub mod registries;
 
 /// Panics (a libFuzzer finding) when a translated entry is one istiod would not accept: the
 /// adapters must drop or fix what is invalid before serving, never pass it on. The rules are
@@ -19,5 +20,3 @@ pub fn check_served(t: &Translated) {
         );
     }
 }
-
-pub mod registries;
