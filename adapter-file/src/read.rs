@@ -104,6 +104,11 @@ impl Reader {
             .spawn(move || {
                 // The receiver may be gone (the watcher stopped); nothing to do then.
                 let _ = tx.send(read(&owned, limit));
+                // The content was allocated here and is freed on another thread: this thread's
+                // unmoved count must reach the shared sum before it ends, or every read would
+                // lower `mcp_adapter_heap_bytes` by the file's size (seen by the soak: the
+                // file adapter's count fell to 0 within a few hundred changes).
+                mcp_runtime::heap::flush_this_thread();
             })
             .map_err(ReadError::Spawn)?;
         match rx.recv_timeout(self.timeout) {

@@ -8,7 +8,9 @@
 //!   identity (after `auth USER:PASSWORD`);
 //! * `auth USER:PASSWORD`: adds digest credentials to the session;
 //! * `set PATH DATA`, `delete PATH`;
-//! * `expire`: closes the session (its ephemeral nodes vanish) and exits.
+//! * `expire`: closes the session (its ephemeral nodes vanish) and exits;
+//! * `tree PATH`: answers `ok {JSON}` instead, `{child: {grandchild: data}}` of PATH (`{}` when
+//!   PATH is missing): what a soak reads back as the registry's own truth.
 //!
 //! DATA is the rest of the line (may be empty). Usage: `zk-writer HOST:PORT[,..][/chroot]`.
 
@@ -16,6 +18,38 @@ use std::time::Duration;
 
 use std::io::{BufRead, Write};
 use zookeeper_async::{Acl, CreateMode, WatchedEvent, ZkError, ZooKeeper, ZooKeeperExt};
+
+/// `{child: {grandchild: data}}` under `path`, data as UTF-8 (lossy); a node deleted between
+/// the listing and the read is left out, as it is gone.
+async fn tree(zk: &ZooKeeper, path: &str) -> Result<serde_json::Value, String> {
+    let e = |e: ZkError| format!("{e:?}");
+    let mut out = serde_json::Map::new();
+    let children = match zk.get_children(path, false).await {
+        Ok(c) => c,
+        Err(ZkError::NoNode) => return Ok(serde_json::Value::Object(out)),
+        Err(err) => return Err(e(err)),
+    };
+    for child in children {
+        let dir = format!("{}/{child}", path.trim_end_matches('/'));
+        let mut leaves = serde_json::Map::new();
+        let grandchildren = match zk.get_children(&dir, false).await {
+            Ok(c) => c,
+            Err(ZkError::NoNode) => continue,
+            Err(err) => return Err(e(err)),
+        };
+        for g in grandchildren {
+            match zk.get_data(&format!("{dir}/{g}"), false).await {
+                Ok((data, _)) => {
+                    leaves.insert(g, String::from_utf8_lossy(&data).into_owned().into());
+                }
+                Err(ZkError::NoNode) => {}
+                Err(err) => return Err(e(err)),
+            }
+        }
+        out.insert(child, serde_json::Value::Object(leaves));
+    }
+    Ok(serde_json::Value::Object(out))
+}
 
 async fn run(zk: &ZooKeeper, line: &str) -> Result<bool, String> {
     let mut parts = line.splitn(3, ' ');
@@ -107,7 +141,17 @@ fn main() -> anyhow::Result<()> {
     out.flush()?;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
-        let (reply, more) = match rt.block_on(run(&zk, line.trim_end_matches('\r'))) {
+        let line = line.trim_end_matches('\r');
+        if let Some(path) = line.strip_prefix("tree ") {
+            let reply = match rt.block_on(tree(&zk, path)) {
+                Ok(t) => format!("ok {t}"),
+                Err(e) => format!("err {e}"),
+            };
+            writeln!(out, "{reply}")?;
+            out.flush()?;
+            continue;
+        }
+        let (reply, more) = match rt.block_on(run(&zk, line)) {
             Ok(more) => ("ok".to_string(), more),
             Err(e) => (format!("err {e}"), true),
         };

@@ -27,8 +27,19 @@ pub struct Istiod {
     pub http: SocketAddr,
     /// Plaintext xDS address.
     pub grpc: SocketAddr,
+    /// How it was started, to start it again ([`Istiod::restart`]).
+    launch: Launch,
     /// The directory of its mesh config and log, when it is a temporary one of its own.
     _dir: Option<tempfile::TempDir>,
+}
+
+/// What istiod is started with besides its HTTP and xDS ports.
+struct Launch {
+    secure: SocketAddr,
+    https: SocketAddr,
+    mesh_path: PathBuf,
+    kubeconfig: PathBuf,
+    config: IstiodConfig,
 }
 
 /// How istiod is configured.
@@ -132,21 +143,37 @@ impl Istiod {
     ) -> Istiod {
         let mesh_path = dir.join("mesh.yaml");
         std::fs::write(&mesh_path, config.mesh_yaml(sources)).expect("write mesh.yaml");
-        let http = free_addr();
-        let grpc = free_addr();
-        let secure = free_addr();
-        let https = free_addr();
+        let istiod = Istiod {
+            process: Process::new("istiod", dir, Duration::from_millis(200)),
+            http: free_addr(),
+            grpc: free_addr(),
+            launch: Launch {
+                secure: free_addr(),
+                https: free_addr(),
+                mesh_path,
+                kubeconfig: kubeconfig.to_path_buf(),
+                config: config.clone(),
+            },
+            _dir: None,
+        };
+        istiod.launch();
+        istiod
+    }
+
+    /// Starts the process with what [`Istiod::spawn_in`] chose (its ports among it).
+    fn launch(&self) {
+        let l = &self.launch;
         let mut cmd = Command::new(pilot_discovery_bin());
         cmd.arg("discovery")
             .arg("--meshConfig")
-            .arg(&mesh_path)
+            .arg(&l.mesh_path)
             .arg("--registries=Kubernetes")
             .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg(format!("--httpAddr={http}"))
-            .arg(format!("--grpcAddr={grpc}"))
-            .arg(format!("--secureGRPCAddr={secure}"))
-            .arg(format!("--httpsAddr={https}"))
+            .arg(&l.kubeconfig)
+            .arg(format!("--httpAddr={}", self.http))
+            .arg(format!("--grpcAddr={}", self.grpc))
+            .arg(format!("--secureGRPCAddr={}", l.secure))
+            .arg(format!("--httpsAddr={}", l.https))
             // Metrics and debug on the HTTP port; no ControlZ.
             .arg("--monitoringAddr=")
             .arg("--ctrlz_port=0")
@@ -154,23 +181,33 @@ impl Istiod {
             .env("POD_NAMESPACE", "istio-system")
             .env("POD_NAME", "istiod-test")
             .env("REVISION", "default");
-        if config.stock_envoy {
+        if l.config.stock_envoy {
             cmd.env("PILOT_ENABLE_ALPN_FILTER", "false")
                 .env("PILOT_ENABLE_METADATA_EXCHANGE", "false");
         }
-        if config.ambient {
+        if l.config.ambient {
             cmd.env("PILOT_ENABLE_AMBIENT", "true");
         }
-        let istiod = Istiod {
-            process: Process::new("istiod", dir, Duration::from_millis(200)),
-            http,
-            grpc,
-            _dir: None,
-        };
-        istiod
-            .process
-            .spawn(cmd.envs(config.env.iter().map(|(k, v)| (k, v))));
-        istiod
+        self.process
+            .spawn(cmd.envs(l.config.env.iter().map(|(k, v)| (k, v))));
+    }
+
+    /// Kills istiod (SIGKILL, as when its node dies); [`Istiod::restart`] starts it again.
+    pub fn kill(&self) {
+        self.process.kill();
+    }
+
+    /// Kills istiod (SIGKILL, as when its node dies) and starts it again on the same ports and
+    /// configuration, so that its clients (Envoy's bootstrap names one address) reconnect to
+    /// the new one; waits up to 120 s for `/ready` 200.
+    pub fn restart(&mut self) {
+        self.process.kill();
+        self.launch();
+        self.wait_until(
+            Duration::from_secs(120),
+            "/ready 200 after a restart",
+            || self.try_get("/ready").is_some_and(|(s, _)| s == 200),
+        );
     }
 
     /// Waits (panicking with the log if istiod exits or `timeout` passes) until `ready` holds.

@@ -30,6 +30,7 @@ pub mod podman;
 pub mod process;
 pub mod prometheus;
 pub mod registries;
+pub mod soak;
 pub mod stall_proxy;
 pub mod tls_proxy;
 pub mod xds_sinks;

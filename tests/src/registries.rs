@@ -188,6 +188,11 @@ impl FileRegistry {
         r
     }
 
+    /// The directory the adapter reads (the inventory and the files beside it).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// Another file beside the inventory (e.g. an Istio ServiceEntry YAML).
     pub fn write_file(&self, name: &str, content: &str) {
         let tmp = self.dir.path().join(format!(".{name}.tmp"));

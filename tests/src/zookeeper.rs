@@ -249,6 +249,14 @@ impl Writer {
         self.cmd(&format!("delete {path}"));
     }
 
+    /// `{child: {grandchild: data}}` under `path` (`{}` when it is missing), read through the
+    /// writer's session; `Err` with the server's answer when the read fails.
+    pub fn tree(&mut self, path: &str) -> Result<serde_json::Value, String> {
+        let reply = self.try_cmd(&format!("tree {path}"));
+        let json = reply.strip_prefix("ok ").ok_or_else(|| reply.clone())?;
+        serde_json::from_str(json).map_err(|e| format!("zk-writer tree {path}: {e}: {json}"))
+    }
+
     /// Closes the session: its ephemeral nodes vanish.
     pub fn expire(mut self) {
         self.cmd("expire");

@@ -767,3 +767,37 @@ fn one_big_file_costs_what_many_small_files_cost() {
         );
     }
 }
+
+/// `mcp_adapter_heap_bytes` stays true across re-reads: each read runs on a thread of its own
+/// that allocates the file's content, freed later on another thread. That thread's count must
+/// reach the shared sum before it ends; it did not (found by the soak, `tests/tests/soak.rs`),
+/// and every read of a ~10 KiB file lowered the count by as much, down to 0 after a few dozen
+/// changes, hiding any leak.
+#[test]
+fn the_heap_count_survives_many_re_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("inventory.yaml");
+    let write = |range: std::ops::Range<usize>| {
+        let tmp = dir.path().join(".inventory.tmp");
+        std::fs::write(&tmp, inventory_yaml(range)).expect("write");
+        std::fs::rename(&tmp, &file).expect("rename");
+    };
+    write(0..10);
+    let adapter = start(dir.path());
+    let snapshots = || adapter.metric("mcp_adapter_snapshots_total");
+    let before = adapter.metric("mcp_adapter_heap_bytes");
+    assert!(before > 0.0, "no heap count");
+    for round in 1..=30 {
+        let seen = snapshots();
+        write(round % 2..10 + round % 2);
+        wait_for(Duration::from_secs(10), "the change read", || {
+            (snapshots() > seen).then_some(())
+        });
+    }
+    let after = adapter.metric("mcp_adapter_heap_bytes");
+    // 30 reads of ~10 KiB each: without the fix the count falls by ~300 KiB, from ~400 KiB.
+    assert!(
+        after > before / 2.0,
+        "heap count fell from {before} to {after} bytes over 30 re-reads of the same-sized file"
+    );
+}
