@@ -2,6 +2,8 @@
 # The fuzz targets (fuzz/fuzz_targets, cargo-fuzz and libFuzzer with AddressSanitizer): every
 # decoder fed from outside the adapters.
 #
+#   scripts/fuzz.sh build              install what is needed and build every target (the test
+#                                      command runs this in the background, then `smoke`)
 #   scripts/fuzz.sh smoke              every target: its seeds (fuzz/seeds/TARGET) and working
 #                                      corpus once, then FUZZ_SMOKE_SECS (default 5) seconds of new
 #                                      inputs; what the test command runs
@@ -48,6 +50,11 @@ targets() {
   cargo "+$toolchain" fuzz list
 }
 
+# final_stat UNIT NAME: libFuzzer's final `stat::NAME:` value in $log, with UNIT after it.
+final_stat() {
+  awk -v name="stat::$2:" -v unit="$1" '$1 == name {v = $2} END {print (v == "" ? "?" : v) " " unit}' "$log"
+}
+
 # campaign TARGET SECS: the seeds and the working corpus, then new inputs for SECS seconds. The
 # whole libFuzzer output goes to fuzz/target/logs/TARGET.log; a finding prints its tail.
 campaign() {
@@ -61,9 +68,8 @@ campaign() {
     -timeout="$timeout_secs" -print_final_stats=1 >"$log" 2>&1
   rc=$?
   set -e
-  echo "fuzz $target: exit $rc after $((SECONDS - started)) s," \
-    "$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | grep -o '[0-9]*$' || echo '?') runs," \
-    "peak RSS $(grep -o 'stat::peak_rss_mb: [0-9]*' "$log" | grep -o '[0-9]*$' || echo '?') MB," \
+  echo "fuzz $target: exit $rc after $((SECONDS - started)) s, $(final_stat runs number_of_executed_units)," \
+    "peak RSS $(final_stat MB peak_rss_mb)," \
     "corpus $(find "fuzz/corpus/$target" -type f | wc -l) + $(find "fuzz/seeds/$target" -type f | wc -l) seeds"
   if [ "$rc" -ne 0 ]; then
     tail -n 60 "$log" >&2
@@ -88,6 +94,9 @@ install
 case "${1:-smoke}" in
   list)
     targets
+    ;;
+  build)
+    cargo "+$toolchain" fuzz build
     ;;
   smoke)
     # Stable rustfmt (the pinned nightly is installed without it): the crate needs no nightly syntax.

@@ -38,6 +38,9 @@
 #     and docker/Dockerfile.eureka as users get them (tests/containers/build-images.sh; cold:
 #     ~20 min of 2 cores, the builder compiling the workspace in release; warm: what changed),
 #     built in the background beside the checks and the tests that do not run them.
+#   - a pinned nightly Rust (rustup, minimal profile) and cargo-fuzz 0.13.2 (crates.io, into
+#     ~/.cache/mcp-bridge-peers/cargo-fuzz) for the fuzz targets (scripts/fuzz.sh; cold: ~2 min),
+#     built in the background beside the tests and smoke-run after them.
 # Usage: scripts/test.sh            (from anywhere inside the repo)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -116,6 +119,15 @@ nice -n 19 setsid bash -c 'echo 19 2>/dev/null >/proc/self/autogroup; exec "$@"'
 images_pid=$!
 trap 'kill -- -"$images_pid" 2>/dev/null || true' EXIT
 
+# The fuzz targets (fuzz/, nightly Rust with AddressSanitizer; scripts/fuzz.sh installs a pinned
+# nightly and cargo-fuzz) build the same way: in the background, niced, into fuzz/target (cold:
+# ~12 min of 2 busy cores; warm: seconds); their smoke run waits for it after the tests.
+step "building the fuzz targets in the background (scripts/fuzz.sh build > target/fuzz-build.log)"
+nice -n 19 setsid bash -c 'echo 19 2>/dev/null >/proc/self/autogroup; exec "$@"' fuzz-build \
+  scripts/fuzz.sh build > target/fuzz-build.log 2>&1 &
+fuzz_pid=$!
+trap 'kill -- -"$images_pid" 2>/dev/null || true; kill -- -"$fuzz_pid" 2>/dev/null || true' EXIT
+
 step "building compose-check (docker/compose-check: compose-go validates docker/compose.yaml; Go module proxy; warm: ~1 s)"
 (cd docker/compose-check && GOWORK=off go build -buildvcs=false -o ../../target/compose-check .)
 
@@ -153,6 +165,19 @@ cat target/build-images.log
 # --workspace, as above: `-p e2e` alone unifies features differently and recompiles crates.
 step "cargo test --workspace --test containers images:: (the tests that run the project's images)"
 cargo test --workspace --test containers -- --include-ignored images::
+
+# Every fuzz target (fuzz/fuzz_targets: every decoder fed from outside) over its committed seeds
+# (fuzz/seeds, captured from the real peers by tests/tests/fuzz_seeds_*.rs, and every finding's
+# input) and then 5 s of new inputs, with libFuzzer's bounds on memory and time per input and the
+# served entries held to Istio's rules; a finding fails the run (measured: ~2.5 min for 14 targets).
+step "waiting for the fuzz targets' build (target/fuzz-build.log)"
+if ! wait "$fuzz_pid"; then
+  tail -n 80 target/fuzz-build.log >&2
+  echo "scripts/test.sh: building the fuzz targets failed (target/fuzz-build.log)" >&2
+  exit 1
+fi
+step "fuzz smoke (scripts/fuzz.sh smoke: every target, its seeds and 5 s of new inputs)"
+scripts/fuzz.sh smoke
 
 # Every bench (`cargo bench`'s targets: mcp-runtime/benches, tests/benches) once, at a tiny size
 # with one short iteration (MCP_BENCH_SMOKE=1), so that none rots between real runs. Dev profile
