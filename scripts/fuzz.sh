@@ -63,12 +63,16 @@ campaign() {
   started=$SECONDS
   # -print_final_stats: the exec count and peak RSS (what a target got, in the summary line).
   set +e
-  cargo "+$toolchain" fuzz run "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
+  # bash's `time`: the CPU the fuzzer got (user + system), which on a busy machine is less than
+  # the wall time.
+  local TIMEFORMAT='%U %S'
+  { time cargo "+$toolchain" fuzz run "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
     -max_total_time="$secs" -malloc_limit_mb="$malloc_limit_mb" -rss_limit_mb="$rss_limit_mb" \
-    -timeout="$timeout_secs" -print_final_stats=1 >"$log" 2>&1
+    -timeout="$timeout_secs" -print_final_stats=1 >"$log" 2>&1; } 2>"$log.cpu"
   rc=$?
   set -e
-  echo "fuzz $target: exit $rc after $((SECONDS - started)) s, $(final_stat runs number_of_executed_units)," \
+  echo "fuzz $target: exit $rc after $((SECONDS - started)) s" \
+    "(CPU $(awk '{printf "%.0f s", $1 + $2}' "$log.cpu")), $(final_stat runs number_of_executed_units)," \
     "peak RSS $(final_stat MB peak_rss_mb)," \
     "corpus $(find "fuzz/corpus/$target" -type f | wc -l) + $(find "fuzz/seeds/$target" -type f | wc -l) seeds"
   if [ "$rc" -ne 0 ]; then
