@@ -85,7 +85,7 @@ fuzz_target!(|data: &[u8]| {
                     checks.sent(s);
                 }
                 checks.bounds(engine);
-                framed.push((ack, sent.map(|s| (s.nonce, s.frame))));
+                framed.push((ack, sent.map(|s| (s.out.nonce, s.frame))));
             }),
         );
 
@@ -97,7 +97,7 @@ fuzz_target!(|data: &[u8]| {
             let mut direct_end = Ok(());
             for m in msgs {
                 match one.request(m, snapshot.as_ref()) {
-                    Ok((ack, sent)) => direct.push((ack, sent.map(|s| (s.nonce, s.frame)))),
+                    Ok((ack, sent)) => direct.push((ack, sent.map(|s| (s.out.nonce, s.frame)))),
                     Err(e) => {
                         direct_end = Err(e);
                         break;

@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     let mut sent: Vec<(String, String)> = Vec::new();
     let record = |checks: &mut StreamChecks, s: &Sent, sent: &mut Vec<(String, String)>| {
         checks.sent(s);
-        sent.push((s.type_key.clone(), s.nonce.clone()));
+        sent.push((s.out.type_key.clone(), s.out.nonce.clone()));
     };
     let mut ops = 0;
     while !data.is_empty() && ops < 256 {

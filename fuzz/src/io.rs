@@ -210,6 +210,20 @@ impl Made<'_> {
             id: "istiod-fuzz".into(),
             annotations: Default::default(),
         });
+        // The legacy RPCs' three requests carry these three fields alike but share no trait:
+        // one spelling, each message naming its own fields (the type's among them).
+        macro_rules! legacy {
+            ($msg:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {
+                mcp::$msg {
+                    sink_node: sink,
+                    response_nonce,
+                    error_detail: mcp_error,
+                    $($field $(: $value)?,)*
+                    ..Default::default()
+                }
+                .encode_to_vec()
+            };
+        }
         match flavour {
             Flavour::Xds => xds::DiscoveryRequest {
                 node,
@@ -229,31 +243,12 @@ impl Made<'_> {
                 ..Default::default()
             }
             .encode_to_vec(),
-            Flavour::Legacy => mcp::RequestResources {
-                sink_node: sink,
+            Flavour::Legacy => legacy!(RequestResources {
                 collection: type_url,
-                response_nonce,
-                error_detail: mcp_error,
                 incremental: self.incremental,
-                ..Default::default()
-            }
-            .encode_to_vec(),
-            Flavour::MeshSotw => mcp::MeshConfigRequest {
-                sink_node: sink,
-                type_url,
-                response_nonce,
-                error_detail: mcp_error,
-                ..Default::default()
-            }
-            .encode_to_vec(),
-            Flavour::MeshIncremental => mcp::IncrementalMeshConfigRequest {
-                sink_node: sink,
-                type_url,
-                response_nonce,
-                error_detail: mcp_error,
-                ..Default::default()
-            }
-            .encode_to_vec(),
+            }),
+            Flavour::MeshSotw => legacy!(MeshConfigRequest { type_url }),
+            Flavour::MeshIncremental => legacy!(IncrementalMeshConfigRequest { type_url }),
         }
     }
 }
@@ -359,7 +354,8 @@ impl StreamChecks {
 
     /// A response the stream sent: only resources of a published snapshot, a fresh nonce,
     /// a version that is the snapshot's, and a frame that says the same.
-    pub fn sent(&mut self, s: &Sent) {
+    pub fn sent(&mut self, sent: &Sent) {
+        let s = &sent.out;
         let nonce: u64 = s.nonce.parse().expect("nonces are counters");
         assert!(
             nonce > self.last_nonce,
@@ -401,10 +397,10 @@ impl StreamChecks {
             names.dedup();
             assert_eq!(names.len(), s.resources.len(), "a resource sent twice");
         }
-        if s.frame.is_empty() {
+        if sent.frame.is_empty() {
             return;
         }
-        let d = decode_frame(self.flavour, &s.frame);
+        let d = decode_frame(self.flavour, &sent.frame);
         assert_eq!(d.version, s.version);
         assert_eq!(d.nonce, s.nonce);
         if let Some(t) = d.type_key {

@@ -576,7 +576,8 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Endpoint, Host, Port};
+    use crate::model::Host;
+    use crate::testing::mk_http_service as mk_service;
 
     fn mk_index() -> Index {
         mk_index_with(OnEmpty::Keep)
@@ -824,21 +825,6 @@ mod tests {
         assert_eq!(names(&idx.flush().expect("removed")), vec!["ns/dns"]);
         idx.apply(RegistryEvent::Upsert(mk_service("a", "10.0.0.3")));
         assert_eq!(names(&idx.flush().expect("back")), vec!["ns/a", "ns/dns"]);
-    }
-
-    fn mk_service(name: &str, ip: &str) -> Service {
-        let mut s = Service::new(ServiceKey::new(name), format!("test {name}"));
-        s.ports.push(Port {
-            number: 80,
-            name: "http".into(),
-            protocol: Some("HTTP".into()),
-            target_port: None,
-        });
-        s.endpoints.push(Endpoint {
-            address: ip.into(),
-            ..Default::default()
-        });
-        s
     }
 
     fn names(s: &Snapshot) -> Vec<String> {

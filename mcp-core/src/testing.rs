@@ -124,13 +124,30 @@ impl Registry for FakeRegistry {
 /// A valid service `name` with one HTTP port 8080 and `endpoints` IPs 10.x.y.z.
 pub fn mk_service(name: &str, endpoints: usize) -> Service {
     let mut s = Service::new(ServiceKey::new(name), format!("test service {name}"));
-    s.ports.push(Port {
-        number: 8080,
+    s.ports.push(http_port(8080));
+    s.endpoints = (0..endpoints).map(mk_endpoint).collect();
+    s
+}
+
+/// Port `number` named `http`, protocol HTTP, no target port.
+fn http_port(number: u32) -> Port {
+    Port {
+        number,
         name: "http".into(),
         protocol: Some("HTTP".into()),
         target_port: None,
+    }
+}
+
+/// Service `name` with one HTTP port 80 and one endpoint at `ip`: the smallest service
+/// `translate` serves.
+pub fn mk_http_service(name: &str, ip: &str) -> Service {
+    let mut s = Service::new(ServiceKey::new(name), format!("test {name}"));
+    s.ports.push(http_port(80));
+    s.endpoints.push(Endpoint {
+        address: ip.into(),
+        ..Default::default()
     });
-    s.endpoints = (0..endpoints).map(mk_endpoint).collect();
     s
 }
 
@@ -203,6 +220,35 @@ pub fn filled_service_entry() -> ServiceEntry {
             labels: [("app".to_string(), "db".to_string())].into(),
         }),
     }
+}
+
+/// A ServiceEntry port with no target port (the ServiceEntry rules' tests, here and against
+/// Istio's Go code in the end-to-end tests).
+pub fn se_port(number: u32, name: &str, protocol: &str) -> ServicePort {
+    ServicePort {
+        number,
+        protocol: protocol.into(),
+        name: name.into(),
+        target_port: 0,
+    }
+}
+
+/// A ServiceEntry endpoint with only its address set.
+pub fn se_endpoint(address: &str) -> WorkloadEntry {
+    WorkloadEntry {
+        address: address.into(),
+        ..Default::default()
+    }
+}
+
+/// One step of splitmix64 on `state`: the seeded generators of the generated-case tests (here
+/// and end to end), whose failures name a seed to replay.
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A small deterministic pseudo-random generator (xorshift64) for tests that replay long random

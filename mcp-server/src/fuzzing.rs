@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
-use mcp_core::cache::{Entry, Snapshot};
+use mcp_core::cache::Snapshot;
 use prost::Message;
 use tonic::Status;
 
@@ -77,20 +77,8 @@ impl Flavour {
 /// A response the stream sends: what the engine decided, and the gRPC frame written for it.
 #[derive(Debug)]
 pub struct Sent {
-    /// Type URL or collection.
-    pub type_key: String,
-    /// Snapshot version, `"0"` for an unserved type.
-    pub version: String,
-    /// Nonce.
-    pub nonce: String,
-    /// The resources, shared with the snapshot.
-    pub resources: Vec<Arc<Entry>>,
-    /// Names removed (incremental).
-    pub removed: Vec<String>,
-    /// Whether it is incremental.
-    pub incremental: bool,
-    /// Whether the type is served.
-    pub served: bool,
+    /// The engine's response, as `drive` hands it to the protocol's encoder.
+    pub out: Outgoing,
     /// The whole frame, 5-byte prefix included; empty if gRPC cannot frame it.
     pub frame: Vec<u8>,
 }
@@ -236,25 +224,18 @@ impl Drop for Stream {
     }
 }
 
-fn sent<P: Protocol>(o: Outgoing) -> Sent {
-    let mut s = Sent {
-        type_key: o.type_key.clone(),
-        version: o.version.clone(),
-        nonce: o.nonce.clone(),
-        resources: o.resources.clone(),
-        removed: o.removed.clone(),
-        incremental: o.incremental,
-        served: o.served,
-        frame: Vec::new(),
-    };
-    if let Ok(chunks) = P::response(o).chunks() {
-        let mut frame = BytesMut::new();
+fn sent<P: Protocol>(out: Outgoing) -> Sent {
+    // The encoder takes the response by value; the copy shares the resources (`Arc`s).
+    let mut frame = BytesMut::new();
+    if let Ok(chunks) = P::response(out.clone()).chunks() {
         for c in chunks {
             frame.extend_from_slice(&c);
         }
-        s.frame = frame.to_vec();
     }
-    s
+    Sent {
+        out,
+        frame: frame.to_vec(),
+    }
 }
 
 /// A request body already received: its DATA frames in order.

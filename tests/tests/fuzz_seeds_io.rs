@@ -345,7 +345,7 @@ fn requests(rec: &Recorder, flavour: Flavour, label: &str, seeds: &mut Seeds) ->
                 let (_, out) = stream
                     .request(m, None)
                     .unwrap_or_else(|e| panic!("{label}: a request the target does not take: {e}"));
-                served |= out.is_none_or(|o| o.served);
+                served |= out.is_none_or(|s| s.out.served);
             }
             assert!(served, "{label}: no request for a served type");
             streams += 1;

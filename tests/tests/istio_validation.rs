@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use e2e::istio_validate;
+use mcp_core::testing::{se_endpoint as ep, se_port as port, splitmix64};
 use mcp_core::translate::istio_rules;
 use proto::istio::networking::v1alpha3::{
     ServiceEntry, ServicePort, WorkloadEntry, WorkloadSelector,
@@ -16,11 +17,7 @@ struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        splitmix64(&mut self.0)
     }
 
     fn below(&mut self, n: usize) -> usize {
@@ -487,22 +484,6 @@ fn generated_entries_get_istios_verdict() {
         })
         .collect();
     compare(&format!("seed {seed}"), &cases);
-}
-
-fn port(number: u32, name: &str, protocol: &str) -> ServicePort {
-    ServicePort {
-        number,
-        protocol: protocol.into(),
-        name: name.into(),
-        target_port: 0,
-    }
-}
-
-fn ep(address: &str) -> WorkloadEntry {
-    WorkloadEntry {
-        address: address.into(),
-        ..Default::default()
-    }
 }
 
 /// What the adapters typically serve: STATIC, a VIP, HTTP and TCP ports.

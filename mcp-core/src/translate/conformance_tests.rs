@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use super::istio_rules;
 use super::{test_config, translate, OnEmpty, TranslateConfig};
 use crate::model::{Endpoint, Host, Labels, Port, Resolution, Service, ServiceKey};
+use crate::testing::{mk_http_service, splitmix64};
 use crate::vip::VipCidr;
 
 /// splitmix64, seeded: a failure names the case number to replay.
@@ -15,11 +16,7 @@ struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        splitmix64(&mut self.0)
     }
 
     fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
@@ -231,21 +228,11 @@ fn translate_never_builds_what_istio_refuses() {
     assert!(accepted > 5_000, "only {accepted} of 50000 accepted");
 }
 
-/// A service with one relative host, one HTTP port and `endpoints`, translated with the test
-/// settings (namespace `ns`, suffix `example`).
+/// A service with one relative host, one HTTP port and one endpoint, edited by `edit`, then
+/// translated with the test settings (namespace `ns`, suffix `example`).
 fn one(edit: impl FnOnce(&mut Service, &mut TranslateConfig)) -> Result<super::Translated, String> {
     let mut cfg = test_config(OnEmpty::Keep, VipCidr::Off);
-    let mut s = Service::new(ServiceKey::new("web"), "regression");
-    s.ports.push(Port {
-        number: 80,
-        name: "http".into(),
-        protocol: Some("HTTP".into()),
-        target_port: None,
-    });
-    s.endpoints.push(Endpoint {
-        address: "10.0.0.1".into(),
-        ..Default::default()
-    });
+    let mut s = mk_http_service("web", "10.0.0.1");
     edit(&mut s, &mut cfg);
     let t = translate(s, &cfg).map_err(|e| e.to_string())?;
     istio_rules::check(&t.service_entry(), "ns").map_err(|e| format!("served invalid: {e:?}"))?;

@@ -2,26 +2,11 @@ use std::collections::BTreeMap;
 
 use proto::istio::networking::v1alpha3::{
     service_entry::{Location, Resolution},
-    ServiceEntry, ServicePort, WorkloadEntry, WorkloadSelector,
+    ServiceEntry, WorkloadEntry, WorkloadSelector,
 };
 
 use super::*;
-
-fn port(number: u32, name: &str, protocol: &str) -> ServicePort {
-    ServicePort {
-        number,
-        protocol: protocol.into(),
-        name: name.into(),
-        target_port: 0,
-    }
-}
-
-fn ep(address: &str) -> WorkloadEntry {
-    WorkloadEntry {
-        address: address.into(),
-        ..Default::default()
-    }
-}
+use crate::testing::{se_endpoint as ep, se_port as port};
 
 /// A valid STATIC entry: one HTTP port, one endpoint.
 fn base() -> ServiceEntry {

@@ -106,9 +106,39 @@ pub struct Edit<'a> {
     pub before: Option<&'a Svc>,
     /// The service after (`None`: it is removed).
     pub after: Option<&'a Svc>,
-    /// The instance that changed, when only one did.
+    /// The instance that changed, when only one did (only while the service stays: a removed
+    /// service is a change of the whole).
     pub inst: Option<&'a str>,
 }
+
+impl Edit<'_> {
+    /// The instances the edit touches: the one that changed, or every instance of the service
+    /// (after the edit, or before it when the service is removed).
+    pub fn ids(&self) -> Vec<String> {
+        match self.inst {
+            Some(id) => vec![id.to_string()],
+            None => self
+                .after
+                .or(self.before)
+                .map(|s| s.insts.keys().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The two [`Driver`] methods that hand out the harness' registry, for a driver that keeps it
+/// in its `reg` field (every driver does; a trait method cannot name a field).
+macro_rules! registry_in_reg {
+    () => {
+        fn registry(&self) -> &dyn $crate::registries::Registry {
+            &self.reg
+        }
+        fn registry_mut(&mut self) -> &mut dyn $crate::registries::Registry {
+            &mut self.reg
+        }
+    };
+}
+pub(crate) use registry_in_reg;
 
 /// A registry the soak drives: the harness' registry (its adapter, its naming) plus how to
 /// write changes and read the truth back.
@@ -123,13 +153,22 @@ pub trait Driver: Send {
     /// `ip:port`, every service the adapter serves listed (with no endpoints when none is
     /// healthy).
     fn truth(&mut self) -> Result<Truth, String>;
-    /// The registry's address the adapter connects to, when a cut proxy can sit in between.
-    fn upstream(&self) -> Option<SocketAddr>;
-    /// The adapter's arguments with the registry reached through `via` instead.
-    fn args_via(&mut self, via: SocketAddr) -> Vec<String>;
+    /// The registry's address the adapter connects to, when a cut proxy can sit in between
+    /// (by default none can).
+    fn upstream(&self) -> Option<SocketAddr> {
+        None
+    }
+    /// The adapter's arguments with the registry reached through `via` instead (asked only of
+    /// a driver with an [`upstream`](Driver::upstream)).
+    fn args_via(&mut self, _via: SocketAddr) -> Vec<String> {
+        Vec::new()
+    }
     /// Restarts the registry (same ports) and writes `model` again where the restart lost it,
-    /// as that registry's clients do; false when the driver does not restart its registry.
-    fn restart_registry(&mut self, model: &Model) -> bool;
+    /// as that registry's clients do; false (the default) when the driver does not restart its
+    /// registry.
+    fn restart_registry(&mut self, _model: &Model) -> bool {
+        false
+    }
     /// Called between operations: keep-alives a registry needs from its clients.
     fn tick(&mut self, _model: &Model) {}
 }
@@ -253,6 +292,15 @@ impl Model {
         kind
     }
 
+    /// Every instance: its service's name, the service, its id.
+    pub fn instances(&self) -> impl Iterator<Item = (&str, &Svc, &str)> {
+        self.services.iter().flat_map(|(name, s)| {
+            s.insts
+                .keys()
+                .map(move |id| (name.as_str(), s, id.as_str()))
+        })
+    }
+
     fn names(&self, keep: impl Fn(&Svc) -> bool) -> Vec<String> {
         self.services
             .iter()
@@ -310,12 +358,7 @@ impl FileDriver {
 }
 
 impl Driver for FileDriver {
-    fn registry(&self) -> &dyn Registry {
-        &self.reg
-    }
-    fn registry_mut(&mut self) -> &mut dyn Registry {
-        &mut self.reg
-    }
+    registry_in_reg!();
     fn apply(&mut self, model: &Model, _edit: &Edit<'_>) {
         let services: Vec<Value> = model
             .services
@@ -356,15 +399,6 @@ impl Driver for FileDriver {
         }
         Ok(out)
     }
-    fn upstream(&self) -> Option<SocketAddr> {
-        None
-    }
-    fn args_via(&mut self, _via: SocketAddr) -> Vec<String> {
-        Vec::new()
-    }
-    fn restart_registry(&mut self, _model: &Model) -> bool {
-        false
-    }
 }
 
 /// adapter-consul: instances registered through the catalog on node `n1`, each with one check
@@ -375,8 +409,10 @@ pub struct ConsulDriver {
 }
 
 impl ConsulDriver {
-    fn register(&self, svc: &str, s: &Svc, id: &str) {
-        let Some(i) = s.insts.get(id) else {
+    /// Registers instance `id` of `svc` as `s` holds it; deregisters it where `s` (`None`: the
+    /// service removed) has no such instance.
+    fn register(&self, svc: &str, s: Option<&Svc>, id: &str) {
+        let Some((s, i)) = s.and_then(|s| Some((s, s.insts.get(id)?))) else {
             self.reg.consul.deregister("n1", id);
             return;
         };
@@ -389,25 +425,10 @@ impl ConsulDriver {
 }
 
 impl Driver for ConsulDriver {
-    fn registry(&self) -> &dyn Registry {
-        &self.reg
-    }
-    fn registry_mut(&mut self) -> &mut dyn Registry {
-        &mut self.reg
-    }
+    registry_in_reg!();
     fn apply(&mut self, _model: &Model, e: &Edit<'_>) {
-        match (e.after, e.inst) {
-            (Some(s), Some(id)) => self.register(e.svc, s, id),
-            (Some(s), None) => {
-                for id in s.insts.keys() {
-                    self.register(e.svc, s, id);
-                }
-            }
-            (None, _) => {
-                for id in e.before.map(|b| b.insts.keys()).into_iter().flatten() {
-                    self.reg.consul.deregister("n1", id);
-                }
-            }
+        for id in e.ids() {
+            self.register(e.svc, e.after, &id);
         }
     }
     fn truth(&mut self) -> Result<Truth, String> {
@@ -473,10 +494,8 @@ impl Driver for ConsulDriver {
         // Dev mode keeps nothing: the agent comes back empty, and the services are registered
         // again, as an agent's anti-entropy would from its service definitions.
         self.reg.consul.restart();
-        for (name, s) in &model.services {
-            for id in s.insts.keys() {
-                self.register(name, s, id);
-            }
+        for (name, s, id) in model.instances() {
+            self.register(name, Some(s), id);
         }
         true
     }
@@ -525,12 +544,7 @@ impl KubeDriver {
 }
 
 impl Driver for KubeDriver {
-    fn registry(&self) -> &dyn Registry {
-        &self.reg
-    }
-    fn registry_mut(&mut self) -> &mut dyn Registry {
-        &mut self.reg
-    }
+    registry_in_reg!();
     fn apply(&mut self, _model: &Model, e: &Edit<'_>) {
         let Some(s) = e.after else {
             self.reg

@@ -7,14 +7,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::drivers::{Driver, Edit, Model, Svc, Truth, PORT};
+use super::drivers::{registry_in_reg, Driver, Edit, Model, Svc, Truth, PORT};
 use crate::nacos::{Instance as NacosInstance, DEFAULT_GROUP};
 use crate::registries::{
     curator_instance, EurekaRegistry, Instance, NacosRegistry, Registry, ZkRegistry,
 };
 
-/// The harness' instance (what [`curator_instance`] and the other writers take) of `id`.
-fn instance(s: &Svc, id: &str) -> Option<Instance> {
+/// The harness' instance (what [`curator_instance`] and the other writers take) of `id` as `s`
+/// holds it (`None`: `s` has no such instance, or the service is removed).
+fn instance(s: Option<&Svc>, id: &str) -> Option<Instance> {
+    let s = s?;
     let i = s.insts.get(id)?;
     Some(Instance {
         id: id.to_string(),
@@ -33,7 +35,9 @@ pub struct ZkDriver {
 }
 
 impl ZkDriver {
-    fn put(&mut self, svc: &str, s: &Svc, id: &str) {
+    /// Writes instance `id` of `svc` as `s` holds it; deletes it where `s` (`None`: the service
+    /// removed) has no such instance.
+    fn put(&mut self, svc: &str, s: Option<&Svc>, id: &str) {
         let path = format!("/services/{svc}/{id}");
         match instance(s, id) {
             Some(i) => {
@@ -46,26 +50,13 @@ impl ZkDriver {
 }
 
 impl Driver for ZkDriver {
-    fn registry(&self) -> &dyn Registry {
-        &self.reg
-    }
-    fn registry_mut(&mut self) -> &mut dyn Registry {
-        &mut self.reg
-    }
+    registry_in_reg!();
     fn apply(&mut self, _model: &Model, e: &Edit<'_>) {
-        match (e.after, e.inst) {
-            (Some(s), Some(id)) => self.put(e.svc, s, id),
-            (Some(s), None) => {
-                for id in s.insts.keys() {
-                    self.put(e.svc, s, id);
-                }
-            }
-            (None, _) => {
-                for id in e.before.map(|b| b.insts.keys()).into_iter().flatten() {
-                    self.reg.writer.delete(&format!("/services/{}/{id}", e.svc));
-                }
-                self.reg.writer.delete(&format!("/services/{}", e.svc));
-            }
+        for id in e.ids() {
+            self.put(e.svc, e.after, &id);
+        }
+        if e.after.is_none() {
+            self.reg.writer.delete(&format!("/services/{}", e.svc));
         }
     }
     fn truth(&mut self) -> Result<Truth, String> {
@@ -135,7 +126,9 @@ impl EurekaDriver {
         }
     }
 
-    fn put(&mut self, svc: &str, s: &Svc, id: &str) {
+    /// Registers instance `id` of `svc` as `s` holds it; deregisters it where `s` (`None`: the
+    /// service removed) has no such instance.
+    fn put(&mut self, svc: &str, s: Option<&Svc>, id: &str) {
         match instance(s, id) {
             Some(i) => self.reg.register(svc, &i),
             None => self.reg.eureka.deregister(svc, id),
@@ -144,25 +137,10 @@ impl EurekaDriver {
 }
 
 impl Driver for EurekaDriver {
-    fn registry(&self) -> &dyn Registry {
-        &self.reg
-    }
-    fn registry_mut(&mut self) -> &mut dyn Registry {
-        &mut self.reg
-    }
+    registry_in_reg!();
     fn apply(&mut self, _model: &Model, e: &Edit<'_>) {
-        match (e.after, e.inst) {
-            (Some(s), Some(id)) => self.put(e.svc, s, id),
-            (Some(s), None) => {
-                for id in s.insts.keys() {
-                    self.put(e.svc, s, id);
-                }
-            }
-            (None, _) => {
-                for id in e.before.map(|b| b.insts.keys()).into_iter().flatten() {
-                    self.reg.eureka.deregister(e.svc, id);
-                }
-            }
+        for id in e.ids() {
+            self.put(e.svc, e.after, &id);
         }
     }
     fn truth(&mut self) -> Result<Truth, String> {
@@ -215,11 +193,9 @@ impl Driver for EurekaDriver {
             return;
         }
         self.last_beat = Instant::now();
-        for (name, s) in &model.services {
-            for id in s.insts.keys() {
-                if self.reg.eureka.heartbeat(name, id) == 404 {
-                    self.put(name, s, id);
-                }
+        for (name, s, id) in model.instances() {
+            if self.reg.eureka.heartbeat(name, id) == 404 {
+                self.put(name, Some(s), id);
             }
         }
     }
@@ -254,7 +230,10 @@ impl NacosDriver {
         }
     }
 
-    fn nacos_instance(svc: &str, s: &Svc, id: &str) -> Option<NacosInstance> {
+    /// Instance `id` of `svc` as `s` holds it (`None`: `s` has no such instance, or the service
+    /// is removed).
+    fn nacos_instance(svc: &str, s: Option<&Svc>, id: &str) -> Option<NacosInstance> {
+        let s = s?;
         let i = s.insts.get(id)?;
         Some(
             NacosInstance::new(svc, &i.ip.to_string(), PORT)
@@ -304,29 +283,15 @@ impl NacosDriver {
 }
 
 impl Driver for NacosDriver {
-    fn registry(&self) -> &dyn Registry {
-        &self.reg
-    }
-    fn registry_mut(&mut self) -> &mut dyn Registry {
-        &mut self.reg
-    }
+    registry_in_reg!();
     fn apply(&mut self, model: &Model, e: &Edit<'_>) {
         let before = |id: &str| e.before.is_some_and(|b| b.insts.contains_key(id));
-        let ids: Vec<String> = match e.inst {
-            Some(id) => vec![id.to_string()],
-            None => e
-                .after
-                .or(e.before)
-                .map(|s| s.insts.keys().cloned().collect())
-                .unwrap_or_default(),
-        };
-        for id in &ids {
-            let now = e.after.and_then(|s| Self::nacos_instance(e.svc, s, id));
-            match (now, before(id)) {
+        for id in &e.ids() {
+            match (Self::nacos_instance(e.svc, e.after, id), before(id)) {
                 (Some(i), false) => self.reg.nacos.register(&i),
                 (Some(i), true) => self.update(&i),
                 (None, _) => {
-                    if let Some(old) = e.before.and_then(|s| Self::nacos_instance(e.svc, s, id)) {
+                    if let Some(old) = Self::nacos_instance(e.svc, e.before, id) {
                         self.reg.nacos.deregister(&old);
                     }
                 }
@@ -357,13 +322,8 @@ impl Driver for NacosDriver {
         }
         Ok(out)
     }
-    fn upstream(&self) -> Option<SocketAddr> {
-        // Nacos' gRPC port is the HTTP port + 1000, which one proxy cannot stand for.
-        None
-    }
-    fn args_via(&mut self, _via: SocketAddr) -> Vec<String> {
-        Vec::new()
-    }
+    // No `upstream` (the default, none): Nacos' gRPC port is the HTTP port + 1000, which one
+    // proxy cannot stand for.
     fn restart_registry(&mut self, model: &Model) -> bool {
         // Persistent instances should survive a restart (Nacos' data directory); what the
         // server lost is said, then registered again, as clients would.
@@ -377,11 +337,9 @@ impl Driver for NacosDriver {
                 lost.join("\n  ")
             );
         }
-        for (name, s) in &model.services {
-            for id in s.insts.keys() {
-                if let Some(i) = Self::nacos_instance(name, s, id) {
-                    self.reg.nacos.register(&i);
-                }
+        for (name, s, id) in model.instances() {
+            if let Some(i) = Self::nacos_instance(name, Some(s), id) {
+                self.reg.nacos.register(&i);
             }
         }
         true

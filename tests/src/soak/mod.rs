@@ -103,7 +103,8 @@ pub fn parse_duration(s: &str) -> Duration {
     Duration::from_secs_f64(secs)
 }
 
-/// SplitMix64: small, seedable, and the same sequence on every machine (no crate needed).
+/// SplitMix64 (mcp-core's): small, seedable, and the same sequence on every machine (no crate
+/// needed).
 pub struct Rng(u64);
 
 impl Rng {
@@ -114,11 +115,7 @@ impl Rng {
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        mcp_core::testing::splitmix64(&mut self.0)
     }
 
     /// A number in `0..n` (`n` > 0).
