@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use super::drivers::{Truth, PORT};
+use super::model::{Truth, PORT};
 use crate::envoy::{host_address, Envoy};
 use crate::istiod::{configz_entries, Istiod};
 

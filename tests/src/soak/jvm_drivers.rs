@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::drivers::{registry_in_reg, Driver, Edit, Model, Svc, Truth, PORT};
+use super::drivers::{registry_in_reg, Driver};
+use super::model::{Edit, Model, Svc, Truth, PORT};
 use crate::nacos::{Instance as NacosInstance, DEFAULT_GROUP};
 use crate::registries::{
     curator_instance, EurekaRegistry, Instance, NacosRegistry, Registry, ZkRegistry,

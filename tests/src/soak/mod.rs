@@ -15,6 +15,7 @@ pub mod compare;
 pub mod drivers;
 pub mod faults;
 pub mod jvm_drivers;
+pub mod model;
 pub mod report;
 pub mod world;
 

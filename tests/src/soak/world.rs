@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::compare::{diff_all, views};
-use super::drivers::{ConsulDriver, Driver, FileDriver, KubeDriver, Model, Truth, PORT, SERVICES};
+use super::drivers::{ConsulDriver, Driver, FileDriver, KubeDriver};
 use super::faults::{Fault, FaultKind, Schedule};
 use super::jvm_drivers::{EurekaDriver, NacosDriver, ZkDriver};
+use super::model::{Model, Truth, PORT, SERVICES};
 use super::report::{HeapSample, Quiet, Report};
 use super::{Rng, SoakConfig};
 use crate::cut_proxy::CutProxy;
