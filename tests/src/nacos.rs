@@ -241,7 +241,7 @@ impl Instance {
     }
 
     /// Every parameter of the instance.
-    fn params(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn params(&self) -> Vec<(&'static str, String)> {
         let mut p = self.key_params();
         p.extend([
             ("weight", self.weight.to_string()),

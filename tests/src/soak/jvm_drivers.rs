@@ -340,6 +340,17 @@ impl Driver for NacosDriver {
         }
         for (name, s, id) in model.instances() {
             if let Some(i) = Self::nacos_instance(name, Some(s), id) {
+                // Nacos 2.4.3 can come back holding a persistent service as an ephemeral one (an
+                // hour-long run met it at its second restart): it then refuses persistent
+                // instances ("is ephemeral service") until the service is deleted and made anew.
+                let (status, body) =
+                    self.reg
+                        .nacos
+                        .call("POST", "/nacos/v1/ns/instance", &i.params());
+                if status == 400 && body.contains("is ephemeral service") {
+                    eprintln!("soak: nacos holds {name} as ephemeral after its restart: made anew");
+                    self.delete_service(name);
+                }
                 self.reg.nacos.register(&i);
             }
         }
