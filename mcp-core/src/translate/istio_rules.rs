@@ -20,10 +20,10 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use proto::istio::networking::v1alpha3::{service_entry, ServiceEntry, WorkloadEntry};
 
-use super::naming::{canonical_protocol, distinguishes_hosts, MAX_LABEL, MAX_SUBDOMAIN};
+use super::naming::{
+    canonical_protocol, distinguishes_hosts, MAX_LABEL, MAX_SUBDOMAIN, UNIX_PREFIX,
+};
 
-/// Istio's prefix for a Unix domain socket endpoint address (`UnixAddressPrefix`).
-const UNIX_PREFIX: &str = "unix://";
 /// Longest host Istio accepts (`CheckDNS1123Preconditions`: 255, not DNS's 253).
 const MAX_HOST: usize = 255;
 

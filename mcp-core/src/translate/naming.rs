@@ -8,6 +8,8 @@
 pub const MAX_LABEL: usize = 63;
 /// Longest DNS name / label prefix.
 pub const MAX_SUBDOMAIN: usize = 253;
+/// Istio's prefix of a Unix domain socket endpoint address (`UnixAddressPrefix`).
+pub const UNIX_PREFIX: &str = "unix://";
 
 /// Maps one DNS label: lower-case, `[^a-z0-9-]` -> `-`, no leading/trailing `-`, at most 63 bytes.
 pub fn map_dns_label(s: &str) -> String {

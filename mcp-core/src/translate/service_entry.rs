@@ -11,7 +11,7 @@ use proto::istio::networking::v1alpha3::{
 use super::labels::{clean_labels, label_safe, CheckedLabels};
 use super::naming::{
     canonical_protocol, check_host, distinguishes_hosts, is_dns_label, map_dns_name,
-    map_resource_name,
+    map_resource_name, UNIX_PREFIX,
 };
 use super::{
     Invalid, TranslateConfig, Translated, WarningKind, FIXED_CREATE_TIME, LABEL_REGISTRY,
@@ -465,9 +465,6 @@ fn endpoints(
     }
     out
 }
-
-/// Istio's prefix of a Unix domain socket endpoint address.
-const UNIX_PREFIX: &str = "unix://";
 
 /// Whether Istio takes `ep`'s address under `resolution` (`validateWorkloadEntry` for STATIC,
 /// the DNS branch of `ValidateServiceEntry` otherwise).
